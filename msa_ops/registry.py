@@ -1,0 +1,259 @@
+"""The op registry: one JAX primitive per MAX graph op, with its shape rule, lowerings and batching rule."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from .errors import NativeUnavailableError, OpAttributeError, OpShapeError
+
+IMPLEMENTATIONS = ("auto", "reference", "native")
+IMPLEMENTATION_ENV = "MSA_OPS_IMPLEMENTATION"
+
+# Platforms whose lowering may emit a native custom call even though this process has not loaded the
+# platform's library (cross-lowering with jax.export).
+_ASSUME_NATIVE: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "msa_ops_assume_native", default=frozenset()
+)
+
+
+@dataclass(frozen=True)
+class Attrs:
+    """Normalized, hashable attributes of one op call (bound as a primitive parameter)."""
+
+    items: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, d: Mapping[str, Any]) -> Attrs:
+        return cls(tuple(sorted(d.items())))
+
+    def __getattr__(self, name: str) -> Any:
+        for k, v in object.__getattribute__(self, "items"):
+            if k == name:
+                return v
+        raise AttributeError(name)
+
+    def asdict(self) -> dict[str, Any]:
+        return dict(self.items)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything the library knows about one op.
+
+    ``abstract(*avals, attrs) -> tuple[ShapedArray, ...]`` checks shapes/dtypes and returns result avals
+    (the first is the op's output; any further ones are split-K workspace).
+    ``reference(*arrays, attrs)`` and ``native(*arrays, attrs)`` return tuples of arrays of those avals.
+    """
+
+    name: str
+    operands: tuple[str, ...]
+    attr_defaults: Mapping[str, Any]
+    normalize: Callable[[dict[str, Any]], dict[str, Any]]
+    abstract: Callable[..., tuple[Any, ...]]
+    reference: Callable[..., tuple[Any, ...]]
+    native: Callable[..., tuple[Any, ...]] | None
+    ffi_target: str | None
+    plan: Callable[..., Any] | None = None
+    native_supports: Callable[..., str | None] | None = None  # -> None if supported, else the reason
+    doc: str = ""
+    primitive: Primitive = field(default=None, repr=False)  # type: ignore[assignment]
+
+    @property
+    def batching(self) -> Callable[..., Any]:
+        return batching.primitive_batchers[self.primitive]
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def list_ops() -> list[str]:
+    """Names of every registered op (MAX graph-op names)."""
+    return sorted(_REGISTRY)
+
+
+def get_op(name: str) -> OpDef:
+    """The definition of one op by its MAX name."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise OpAttributeError(f"unknown op {name!r}; registered: {', '.join(list_ops())}") from None
+
+
+@contextlib.contextmanager
+def assume_native(*platforms: str) -> Iterator[None]:
+    """Lower to the native custom calls of ``platforms`` even where their library is not loaded here.
+
+    For cross-lowering with ``jax.export`` (e.g. exporting a CUDA module on a CPU-only machine); the
+    exported module runs only where the library is loaded.
+    """
+    tok = _ASSUME_NATIVE.set(_ASSUME_NATIVE.get() | frozenset(platforms))
+    try:
+        yield
+    finally:
+        _ASSUME_NATIVE.reset(tok)
+
+
+def _requested(implementation: str) -> str:
+    if implementation != "auto":
+        return implementation
+    env = os.environ.get(IMPLEMENTATION_ENV, "auto").strip().lower() or "auto"
+    if env not in IMPLEMENTATIONS:
+        raise OpAttributeError(f"{IMPLEMENTATION_ENV}={env!r}: expected one of {IMPLEMENTATIONS}")
+    return env
+
+
+def resolve_implementation(op: OpDef, platform: str | None, implementation: str, avals=(), attrs=None) -> str:
+    """'reference' or 'native' for one op lowered on ``platform`` ('cpu', 'cuda' or None for others)."""
+    req = _requested(implementation)
+    if req == "reference":
+        return "reference"
+    reason: str | None = None
+    if platform not in ("cpu", "cuda"):
+        reason = f"no native library exists for platform {platform!r}"
+    elif op.ffi_target is None or op.native is None:
+        reason = "this op has no native handler"
+    elif platform not in _ASSUME_NATIVE.get():
+        try:
+            from . import _native
+        except ImportError as e:  # pragma: no cover - a broken install
+            _native = None
+            reason = f"msa_ops._native failed to import: {e}"
+        if _native is None:
+            pass
+        elif not _native.available(platform):
+            reason = _native.missing_reason(platform)
+        elif op.ffi_target not in _native.registered_targets(platform):
+            reason = f"the {platform} library does not export target {op.ffi_target!r}"
+    if reason is None and op.native_supports is not None and attrs is not None:
+        reason = op.native_supports(*avals, attrs=attrs, platform=platform)
+    if reason is None:
+        return "native"
+    if req == "native":
+        raise NativeUnavailableError(f"{op.name}: implementation='native' on {platform}: {reason}")
+    return "reference"
+
+
+def _lowering(ctx, *args, attrs: Attrs, implementation: str, op: OpDef, platform: str | None):
+    impl = resolve_implementation(op, platform, implementation, ctx.avals_in, attrs)
+    fn = op.native if impl == "native" else op.reference
+    assert fn is not None
+    return mlir.lower_fun(partial(fn, attrs=attrs), multiple_results=True)(ctx, *args)
+
+
+def _batch_rule(args, dims, *, attrs: Attrs, implementation: str, op: OpDef):
+    """vmap: run the op once per batch element (lax.map), unbatched operands shared."""
+    mapped = [i for i, d in enumerate(dims) if d is not batching.not_mapped]
+    moved = tuple(jnp.moveaxis(args[i], dims[i], 0) for i in mapped)
+
+    def body(xs):
+        full = list(args)
+        for i, x in zip(mapped, xs):
+            full[i] = x
+        return tuple(op.primitive.bind(*full, attrs=attrs, implementation=implementation))
+
+    outs = lax.map(body, moved)
+    return list(outs), [0] * len(outs)
+
+
+def _eager_impl(prim: Primitive) -> Callable[..., Any]:
+    """Eager (outside jit) calls compile the primitive alone, cached per shapes and parameters."""
+    try:
+        from jax._src.dispatch import apply_primitive
+
+        return partial(apply_primitive, prim)
+    except ImportError:  # pragma: no cover - private API moved; fall back to a jitted bind
+        cache: dict[Any, Callable[..., Any]] = {}
+
+        def impl(*args, **params):
+            key = tuple(sorted(params.items()))
+            if key not in cache:
+                cache[key] = jax.jit(partial(prim.bind, **params))
+            return cache[key](*args)
+
+        return impl
+
+
+def register(op: OpDef) -> OpDef:
+    if op.name in _REGISTRY:
+        raise RuntimeError(f"op {op.name} registered twice")
+    prim = Primitive(op.name)
+    prim.multiple_results = True
+    prim.def_impl(_eager_impl(prim))
+    prim.def_abstract_eval(lambda *avals, attrs, implementation: op.abstract(*avals, attrs=attrs))
+    for platform in ("cpu", "cuda"):
+        mlir.register_lowering(prim, partial(_lowering, op=op, platform=platform), platform=platform)
+    mlir.register_lowering(prim, partial(_lowering, op=op, platform=None))
+    batching.primitive_batchers[prim] = partial(_batch_rule, op=op)
+    op = OpDef(**{**op.__dict__, "primitive": prim})
+    _REGISTRY[op.name] = op
+    return op
+
+
+def normalize_call_attrs(op: OpDef, attrs: Mapping[str, Any]) -> tuple[Attrs, str]:
+    attrs = dict(attrs)
+    implementation = attrs.pop("implementation", "auto")
+    if implementation not in IMPLEMENTATIONS:
+        raise OpAttributeError(
+            f"{op.name}: attribute 'implementation': expected one of {IMPLEMENTATIONS}, got {implementation!r}"
+        )
+    unknown = sorted(set(attrs) - set(op.attr_defaults))
+    if unknown:
+        raise OpAttributeError(
+            f"{op.name}: unknown attribute(s) {unknown}; accepted: {sorted(op.attr_defaults)} and implementation"
+        )
+    full = {**op.attr_defaults, **attrs}
+    return Attrs.of(op.normalize(full)), implementation
+
+
+def call(name: str, *operands: Any, **attrs: Any):
+    """Call an op by its MAX name with MAX's operand order; returns the op's output."""
+    op = get_op(name)
+    if len(operands) != len(op.operands):
+        raise OpShapeError(
+            f"{name}: expected {len(op.operands)} operands ({', '.join(op.operands)}), got {len(operands)}"
+        )
+    norm, implementation = normalize_call_attrs(op, attrs)
+    arrays = [_as_array(name, n, x) for n, x in zip(op.operands, operands)]
+    outs = op.primitive.bind(*arrays, attrs=norm, implementation=implementation)
+    return outs[0]
+
+
+def _as_array(op: str, operand: str, x: Any):
+    if x is None:
+        raise OpShapeError(f"{op}: operand '{operand}': expected an array, got None")
+    if isinstance(x, jax.Array) or hasattr(x, "aval"):
+        return x
+    try:
+        return jnp.asarray(x)
+    except Exception as e:
+        raise OpShapeError(f"{op}: operand '{operand}': expected an array, got {type(x).__name__}") from e
+
+
+def plan(name: str, *operands: Any, **attrs: Any):
+    """The route (``routing.Plan``) a call with these operands (arrays or ShapeDtypeStructs) would take."""
+    op = get_op(name)
+    if op.plan is None:
+        raise OpAttributeError(f"{name}: this op has a single elementwise route; no plan to inspect")
+    if len(operands) != len(op.operands):
+        raise OpShapeError(f"{name}: expected {len(op.operands)} operands, got {len(operands)}")
+    norm, _ = normalize_call_attrs(op, attrs)
+    shaped = [x if hasattr(x, "shape") and hasattr(x, "dtype") else jnp.asarray(x) for x in operands]
+    avals = [jax.core.ShapedArray(tuple(a.shape), a.dtype) for a in shaped]
+    op.abstract(*avals, attrs=norm)  # same errors as a real call
+    return op.plan(*avals, attrs=norm)
+
+
+def operand_names(name: str) -> Sequence[str]:
+    return get_op(name).operands
