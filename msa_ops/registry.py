@@ -69,10 +69,7 @@ class OpDef:
     native_supports: Callable[..., str | None] | None = None  # -> None if supported, else the reason
     doc: str = ""
     primitive: Primitive = field(default=None, repr=False)  # type: ignore[assignment]
-
-    @property
-    def batching(self) -> Callable[..., Any]:
-        return batching.primitive_batchers[self.primitive]
+    batching: Callable[..., Any] | None = field(default=None, repr=False)  # the vmap rule
 
 
 _REGISTRY: dict[str, OpDef] = {}
@@ -96,7 +93,8 @@ def assume_native(*platforms: str) -> Iterator[None]:
     """Lower to the native custom calls of ``platforms`` even where their library is not loaded here.
 
     For cross-lowering with ``jax.export`` (e.g. exporting a CUDA module on a CPU-only machine); the
-    exported module runs only where the library is loaded.
+    exported module runs only where the library is loaded. Only lowerings made inside the context are
+    affected: jit caches a lowering per traced function, so trace a fresh function inside it.
     """
     tok = _ASSUME_NATIVE.set(_ASSUME_NATIVE.get() | frozenset(platforms))
     try:
@@ -154,7 +152,7 @@ def _lowering(ctx, *args, attrs: Attrs, implementation: str, op: OpDef, platform
 
 def _batch_rule(args, dims, *, attrs: Attrs, implementation: str, op: OpDef):
     """vmap: run the op once per batch element (lax.map), unbatched operands shared."""
-    mapped = [i for i, d in enumerate(dims) if d is not batching.not_mapped]
+    mapped = [i for i, d in enumerate(dims) if d is not None]  # None = not mapped
     moved = tuple(jnp.moveaxis(args[i], dims[i], 0) for i in mapped)
 
     def body(xs):
@@ -195,8 +193,10 @@ def register(op: OpDef) -> OpDef:
     for platform in ("cpu", "cuda"):
         mlir.register_lowering(prim, partial(_lowering, op=op, platform=platform), platform=platform)
     mlir.register_lowering(prim, partial(_lowering, op=op, platform=None))
-    batching.primitive_batchers[prim] = partial(_batch_rule, op=op)
     op = OpDef(**{**op.__dict__, "primitive": prim})
+    rule = partial(_batch_rule, op=op)
+    batching.primitive_batchers[prim] = rule
+    op = OpDef(**{**op.__dict__, "batching": rule})
     _REGISTRY[op.name] = op
     return op
 

@@ -1,0 +1,153 @@
+"""Cross-lowering: every op lowers to its native FFI custom call for CUDA (and CPU) with typed attributes,
+checked on the module text of ``jax.export`` run on this (CPU-only) machine."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import export
+
+import msa_ops
+
+SDS = jax.ShapeDtypeStruct
+I32 = jnp.int32
+BF = jnp.bfloat16
+F8 = jnp.float8_e4m3fn
+
+T, H, HKV, D, P, NB, L, B, MP = 8, 8, 2, 64, 16, 12, 2, 4, 4
+PAGED = (SDS((T, H, D), BF), SDS((B + 1,), I32), SDS((NB, 2, L, P, HKV, D), BF), SDS((B,), I32),
+         SDS((B, MP), I32), SDS((), I32))
+MSA_KV = SDS((NB, 2, L, 128, HKV, 128), BF)
+MSA = (SDS((T, H, 128), BF), SDS((B + 1,), I32), SDS((B + 1,), I32), MSA_KV, SDS((B,), I32), SDS((B, MP), I32),
+       SDS((), I32), SDS((HKV, T, 4), I32))
+
+CASES = {
+    "mha_ragged_paged": (
+        "msa_ops_mha_ragged_paged",
+        lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="sliding_window_causal", local_window_size=5,
+                                            num_partitions=3, implementation="native"),
+        PAGED,
+        {"mask": ("2", "i64"), "window": ("5", "i64"), "scale": (None, "f64"), "has_sink": ("0", "i64"),
+         "num_partitions": ("3", "i64"), "block_n": ("64", "i64")},
+    ),
+    "mha_ragged_paged_sink": (
+        "msa_ops_mha_ragged_paged",
+        lambda *a: msa_ops.mha_ragged_paged(*a[:-1], sink_weights=a[-1], mask_str="causal",
+                                            implementation="native"),
+        PAGED + (SDS((H,), BF),),
+        {"mask": ("1", "i64"), "has_sink": ("1", "i64"), "scale": (None, "f64")},
+    ),
+    "mha_padded_paged": (
+        "msa_ops_mha_padded_paged",
+        lambda q, kv, c, lut, layer, vl: msa_ops.mha_padded_paged(q, kv, c, lut, layer, vl, mask_str="null",
+                                                                   scale=0.5, implementation="native"),
+        (SDS((B, 2, H, D), BF), PAGED[2], PAGED[3], PAGED[4], PAGED[5], SDS((B,), I32)),
+        {"mask": ("0", "i64"), "scale": ("5.000000e-01", "f64"), "num_partitions": (None, "i64")},
+    ),
+    "mha_ragged_no_cache": (
+        "msa_ops_mha_ragged_no_cache",
+        lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str="chunked_causal", local_window_size=4,
+                                               implementation="native"),
+        (SDS((T, H, D), BF), SDS((T, HKV, D), BF), SDS((T, HKV, D), BF), SDS((B + 1,), I32), SDS((B + 1,), I32)),
+        {"mask": ("4", "i64"), "window": ("4", "i64"), "scale": (None, "f64")},
+    ),
+    "mha_padded_no_cache": (
+        "msa_ops_mha_padded_no_cache",
+        lambda *a: msa_ops.mha_padded_no_cache(*a, mask_str="sliding_window_noncausal", local_window_size=3,
+                                               implementation="native"),
+        (SDS((B, 3, H, D), BF), SDS((B, 3, HKV, D), BF), SDS((B, 3, HKV, D), BF), SDS((B,), I32)),
+        {"mask": ("3", "i64"), "window": ("3", "i64")},
+    ),
+    "get_num_partitions": (
+        "msa_ops_get_num_partitions",
+        lambda b, n: msa_ops.mha_decode_get_num_partitions(b, n, n_kv_heads=8, sm_count=132,
+                                                           implementation="native"),
+        (SDS((), I32), SDS((), I32)),
+        {"n_kv_heads": ("8", "i64"), "sm_count": ("132", "i64")},
+    ),
+    "msa_attention": (
+        "msa_ops_msa_attention",
+        lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=2, implementation="native"),
+        MSA,
+        {"num_partitions": ("2", "i64"), "scale": (None, "f64")},
+    ),
+    "msa_attention_fp8": (
+        "msa_ops_msa_attention",
+        lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"),
+        (SDS((T, H, 128), F8),) + MSA[1:3] + (SDS(MSA_KV.shape, F8),) + MSA[4:],
+        {"scale": (None, "f64")},
+    ),
+    "msa_indexer": (
+        "msa_ops_msa_indexer",
+        lambda *a: msa_ops.msa_indexer_ragged_paged(*a, topk=4, init_blocks=1, local_blocks=2,
+                                                    implementation="native"),
+        (SDS((T, 4, 64), BF), SDS((B + 1,), I32), SDS((NB, 1, L, 128, 1, 64), BF), SDS((B,), I32),
+         SDS((B, MP), I32), SDS((), I32)),
+        {"topk": ("4", "i64"), "init_blocks": ("1", "i64"), "local_blocks": ("2", "i64"), "scale": (None, "f64")},
+    ),
+    "kv_cache_store": (
+        "msa_ops_kv_cache_store",
+        lambda kv, k, v, o, c, lut, layer: msa_ops.kv_cache_store_ragged_paged(kv, k, v, o, c, lut, layer,
+                                                                               implementation="native"),
+        (PAGED[2], SDS((T, HKV, D), BF), SDS((T, HKV, D), BF), SDS((B + 1,), jnp.uint32), SDS((B,), jnp.uint32),
+         SDS((B, MP), jnp.uint32), SDS((), I32)),
+        {},
+    ),
+    "kv_cache_row_offsets": (
+        "msa_ops_kv_cache_row_offsets",
+        lambda o, c: msa_ops.kv_cache_row_offsets_ragged_paged(o, c, implementation="native"),
+        (SDS((B + 1,), I32), SDS((B,), I32)),
+        {},
+    ),
+}
+
+
+def _lower(target, fn, args, platform):
+    with msa_ops.assume_native(platform):
+        # A fresh function object: lowerings are cached per traced function, and assume_native only
+        # affects lowerings made inside the context.
+        exp = export.export(
+            jax.jit(lambda *a: fn(*a)), platforms=[platform],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(target)],
+        )(*args)
+    return exp.mlir_module()
+
+
+@pytest.mark.parametrize("platform", ["cuda", "cpu"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_lowers_to_custom_call_with_typed_attrs(case, platform):
+    target, fn, args, attrs = CASES[case]
+    text = _lower(target, fn, args, platform)
+    calls = [ln for ln in text.splitlines() if "stablehlo.custom_call" in ln]
+    ours = [ln for ln in calls if f"@{target}(" in ln]
+    assert len(ours) == 1, calls
+    line = ours[0]
+    assert "api_version = 4" in line or "mhlo.backend_config = {" in line
+    for name, (value, ty) in attrs.items():
+        m = re.search(rf"\b{name} = ([^ ,}}]+) : (\w+)", line)
+        assert m, f"attribute {name} missing in {line[:400]}"
+        assert m.group(2) == ty, (name, m.group(2))
+        if value is not None:
+            assert m.group(1) == value, (name, m.group(1))
+    # integer operands reach the handler as int32
+    assert "ui32" not in line.split("->")[0].split(":")[-1]
+    if case == "kv_cache_store":
+        assert "output_operand_aliases" in line
+
+
+def test_auto_lowers_to_reference_without_library():
+    # On this machine no CUDA library is loaded: 'auto' picks the reference lowering for CUDA.
+    target, fn, args, _ = CASES["mha_ragged_paged"]
+    exp = export.export(
+        jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal")), platforms=["cuda"]
+    )(*args)
+    assert f"@{target}" not in exp.mlir_module()
+
+
+def test_native_without_library_raises_clear_error():
+    _, fn, args, _ = CASES["mha_ragged_paged"]
+    with pytest.raises(msa_ops.NativeUnavailableError, match=r"mo\.mha\.ragged\.paged.*native.*cuda"):
+        export.export(jax.jit(lambda *a: fn(*a)), platforms=["cuda"])(*args)

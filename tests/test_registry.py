@@ -1,0 +1,110 @@
+"""The registry surface: names, definitions, call-by-name, implementation selection."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import msa_ops
+
+NAMES = {
+    "mo.mha.ragged.paged", "mo.mha.ragged.paged.sink_weights", "mo.mha.padded.paged", "mo.mha.ragged.no_cache",
+    "mo.mha.padded.no_cache", "mo.mha.decode.get_num_partitions", "mo.msa.attention.ragged.paged",
+    "mo.msa.indexer.ragged.paged", "mo.kv_cache.store.ragged.paged", "mo.kv_cache.row_offsets.ragged.paged",
+}
+
+
+def test_list_ops_names_every_spec_op():
+    assert set(msa_ops.list_ops()) == NAMES
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_get_op_definition(name):
+    op = msa_ops.get_op(name)
+    assert op.name == name
+    assert op.primitive.name == name
+    assert callable(op.abstract) and callable(op.reference) and callable(op.batching)
+    assert op.ffi_target and op.ffi_target.startswith("msa_ops_")
+    assert len(op.operands) >= 2
+
+
+def _paged_case(seed=0, dtype=jnp.float32):
+    rng = np.random.default_rng(seed)
+    t, h, hkv, d, p, nb, nl, mp = 7, 4, 2, 32, 8, 9, 2, 3
+    q = jnp.asarray(rng.standard_normal((t, h, d)), dtype)
+    kv = jnp.asarray(rng.standard_normal((nb, 2, nl, p, hkv, d)), dtype)
+    off = jnp.array([0, 3, 3, 7], jnp.int32)
+    cl = jnp.array([5, 2, 12], jnp.int32)
+    lut = jnp.asarray(rng.permutation(nb)[:9].reshape(3, 3), jnp.int32)
+    return q, off, kv, cl, lut, jnp.int32(1)
+
+
+def test_call_by_name_equals_wrapper():
+    args = _paged_case()
+    a = msa_ops.call("mo.mha.ragged.paged", *args, mask_str="causal", implementation="reference")
+    b = msa_ops.mha_ragged_paged(*args, implementation="reference")
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    sink = jnp.linspace(-1, 1, 4, dtype=jnp.float32)
+    c = msa_ops.call("mo.mha.ragged.paged.sink_weights", *args, sink, mask_str="causal", implementation="reference")
+    d = msa_ops.mha_ragged_paged(*args, sink_weights=sink, implementation="reference")
+    np.testing.assert_array_equal(np.asarray(c), np.asarray(d))
+    assert not np.allclose(np.asarray(a), np.asarray(c))
+
+
+def test_mask_aliases_with_mask_suffix():
+    args = _paged_case()
+    a = msa_ops.mha_ragged_paged(*args, mask_str="causal_mask", implementation="reference")
+    b = msa_ops.mha_ragged_paged(*args, mask_str="causal", implementation="reference")
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_uint32_integers_accepted():
+    q, off, kv, cl, lut, layer = _paged_case()
+    a = msa_ops.mha_ragged_paged(q, off, kv, cl, lut, layer, implementation="reference")
+    b = msa_ops.mha_ragged_paged(q, off.astype(jnp.uint32), kv, cl.astype(jnp.uint32), lut.astype(jnp.uint32),
+                                 layer.astype(jnp.uint32), implementation="reference")
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_hints_do_not_change_results():
+    args = _paged_case()
+    a = jax.jit(lambda *x: msa_ops.mha_ragged_paged(*x, implementation="reference"))(*args)
+    b = jax.jit(lambda *x: msa_ops.mha_ragged_paged(*x, implementation="reference", max_prompt_length=1,
+                                                    max_cache_length=3, total_context_length=5))(*args)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_environment_forces_reference(monkeypatch):
+    monkeypatch.setenv(msa_ops.IMPLEMENTATION_ENV, "reference")
+    op = msa_ops.get_op("mo.mha.ragged.paged")
+    assert msa_ops.resolve_implementation(op, "cpu", "auto") == "reference"
+    monkeypatch.setenv(msa_ops.IMPLEMENTATION_ENV, "bogus")
+    with pytest.raises(msa_ops.OpAttributeError, match="MSA_OPS_IMPLEMENTATION"):
+        msa_ops.resolve_implementation(op, "cpu", "auto")
+
+
+def test_native_on_unknown_platform_raises():
+    op = msa_ops.get_op("mo.mha.ragged.paged")
+    with pytest.raises(msa_ops.NativeUnavailableError, match="mo.mha.ragged.paged"):
+        msa_ops.resolve_implementation(op, "tpu", "native")
+    assert msa_ops.resolve_implementation(op, "tpu", "auto") == "reference"
+
+
+def test_eager_and_jit_agree():
+    args = _paged_case()
+    a = msa_ops.mha_ragged_paged(*args, implementation="reference")
+    b = jax.jit(lambda *x: msa_ops.mha_ragged_paged(*x, implementation="reference"))(*args)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_store_in_place_when_donated():
+    q, off, kv, cl, lut, layer = _paged_case()
+    k = q[:, :2]
+    v = q[:, 2:]
+    f = jax.jit(lambda kv, k, v: msa_ops.kv_cache_store_ragged_paged(kv, k, v, off, cl, lut, layer),
+                donate_argnums=0)
+    ptr = kv.unsafe_buffer_pointer()
+    out = f(kv, k, v)
+    assert out.unsafe_buffer_pointer() == ptr
