@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from .registry import call
+from .registry import call, check_operands
 
 Array = jax.Array
 
@@ -110,8 +110,8 @@ def msa_attention_ragged_paged(
     when given to MAX; here its values are not needed).
     """
     if cache_row_offsets is None:
-        cache_row_offsets = kv_cache_row_offsets_ragged_paged(input_row_offsets, cache_lengths,
-                                                              implementation="reference")
+        cache_row_offsets = derive_cache_row_offsets("mo.msa.attention.ragged.paged", input_row_offsets,
+                                                     cache_lengths)
     return call("mo.msa.attention.ragged.paged", q, input_row_offsets, cache_row_offsets, kv_blocks,
                 cache_lengths, kv_lookup_table, layer_idx, d_indices, scale=scale,
                 num_partitions=num_partitions, implementation=implementation, **hints)
@@ -153,3 +153,9 @@ def kv_cache_row_offsets_ragged_paged(
     (``mo.kv_cache.row_offsets.ragged.paged``)."""
     return call("mo.kv_cache.row_offsets.ragged.paged", input_row_offsets, cache_lengths,
                 implementation=implementation)
+
+
+def derive_cache_row_offsets(op: str, input_row_offsets: Any, cache_lengths: Any) -> Array:
+    """``cache_row_offsets`` for an op that may omit it; operand errors are reported under ``op``."""
+    check_operands(op, {"input_row_offsets": input_row_offsets, "cache_lengths": cache_lengths})
+    return kv_cache_row_offsets_ragged_paged(input_row_offsets, cache_lengths, implementation="reference")

@@ -84,7 +84,7 @@ def get_op(name: str) -> OpDef:
     """The definition of one op by its MAX name."""
     try:
         return _REGISTRY[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise OpAttributeError(f"unknown op {name!r}; registered: {', '.join(list_ops())}") from None
 
 
@@ -238,7 +238,20 @@ def _as_array(op: str, operand: str, x: Any):
     try:
         return jnp.asarray(x)
     except Exception as e:
-        raise OpShapeError(f"{op}: operand '{operand}': expected an array, got {type(x).__name__}") from e
+        raise OpShapeError(
+            f"{op}: operand '{operand}': expected an array, got {type(x).__name__} {x!r:.80} ({e})"
+        ) from e
+
+
+def check_operands(op: str, operands: Mapping[str, Any]) -> None:
+    """Offsets-like operands an op derives something from: int32/uint32 vectors, errors named for ``op``."""
+    from .ops.common import Check
+
+    c = Check(op)
+    for name, x in operands.items():
+        a = _as_array(op, name, x)
+        c.rank(name, a, 1, "[B+1]" if "offsets" in name else "[B]")
+        c.ints(name, a)
 
 
 def plan(name: str, *operands: Any, **attrs: Any):
