@@ -1,0 +1,802 @@
+"""msa_ops wrappers (called inside jax.jit) against the float64 oracle, on seeded random sweeps.
+
+Every test takes the `impl` fixture: "reference" always runs; "native" skips cleanly while
+msa_ops._native.available("cpu") is False. Errors are measured against the oracle run on the same quantized
+inputs (conftest.BUDGETS).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import oracle
+import pytest
+from conftest import (
+    BF16,
+    DTYPES,
+    RaggedBatch,
+    assert_close,
+    budget_for,
+    jit_call,
+    make_batch,
+    make_paged_cache,
+    rand,
+    to_uint32,
+)
+
+msa_ops = pytest.importorskip("msa_ops")
+import jax
+import jax.numpy as jnp
+
+SEEDS = [0, 1]
+S_MAX = 512
+
+
+def tokens_of(batch: RaggedBatch):
+    return [c + n for c, n in zip(batch.cache, batch.n)]
+
+
+def np_out(x) -> np.ndarray:
+    return np.asarray(jax.device_get(x))
+
+
+def mha_sink(q, offs, kv, cl, lut, layer, sinks, **kw):
+    """mha_ragged_paged with sink_weights passed positionally (op mo.mha.ragged.paged.sink_weights)."""
+    return msa_ops.mha_ragged_paged(q, offs, kv, cl, lut, layer, sink_weights=sinks, **kw)
+
+
+def msa_no_cro(q, offs, kv, cl, lut, layer, idx, **kw):
+    """msa_attention_ragged_paged with cache_row_offsets omitted (None)."""
+    return msa_ops.msa_attention_ragged_paged(q, offs, None, kv, cl, lut, layer, idx, **kw)
+
+
+# ==========================================================================================================
+# mo.mha.ragged.paged
+# ==========================================================================================================
+def mha_inputs(seed, scenario, *, group, page_size, dtype, head_dim, n_kv_heads=2, num_layers=2):
+    rng = np.random.default_rng(seed)
+    batch = make_batch(rng, scenario, S_MAX)
+    pc = make_paged_cache(rng, tokens_of(batch), page_size=page_size, max_pages=S_MAX // page_size,
+                          n_kv_heads=n_kv_heads, head_dim=head_dim, num_layers=num_layers, dtype=dtype)
+    q = rand(rng, (batch.T, n_kv_heads * group, head_dim), dtype)
+    layer = np.int32(rng.integers(num_layers))
+    return rng, batch, pc, q, layer
+
+
+# (scenario, mask, window, group, page_size, dtype, head_dim)
+MHA_CONFIGS = [
+    ("mixed", "null", -1, 4, 16, "bf16", 64),
+    ("mixed", "causal", -1, 4, 16, "bf16", 64),
+    ("mixed", "sliding_window_causal", 24, 4, 16, "bf16", 64),
+    ("mixed", "sliding_window_noncausal", 24, 4, 16, "bf16", 64),
+    ("mixed", "chunked_causal", 32, 4, 16, "bf16", 64),
+    ("prefill", "null", -1, 1, 128, "f32", 64),
+    ("prefill", "causal", -1, 1, 128, "f32", 64),
+    ("prefill", "sliding_window_causal", 7, 1, 128, "f32", 64),
+    ("prefill", "sliding_window_noncausal", 9, 1, 128, "f32", 64),
+    ("prefill", "chunked_causal", 16, 1, 128, "f32", 64),
+    ("decode", "causal", -1, 8, 128, "bf16", 128),
+    ("decode", "sliding_window_causal", 64, 1, 16, "bf16", 64),
+    ("decode1", "causal", -1, 4, 16, "f32", 64),
+    ("spec", "causal", -1, 8, 16, "f16", 64),
+    ("long", "causal", -1, 4, 16, "bf16", 128),
+    ("long", "chunked_causal", 128, 1, 128, "f32", 64),
+    ("long", "sliding_window_causal", 100, 8, 128, "bf16", 64),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario,mask,W,group,page_size,dt,head_dim", MHA_CONFIGS)
+def test_mha_ragged_paged(impl, seed, scenario, mask, W, group, page_size, dt, head_dim):
+    dtype = DTYPES[dt]
+    _, batch, pc, q, layer = mha_inputs(seed, scenario, group=group, page_size=page_size, dtype=dtype,
+                                        head_dim=head_dim)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
+    got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, mask_str=mask, local_window_size=W,
+                          implementation=impl))
+    assert got.dtype == dtype
+    ref = oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=W)
+    assert_close(got, ref, budget_for(dtype), what=f"mha_ragged_paged[{scenario},{mask}]")
+    assert not got[batch.offsets[-1]:].astype(np.float32).any(), "padding rows must be 0"
+
+
+# (scenario, mask, window, dtype)
+SINK_CONFIGS = [
+    ("mixed", "causal", -1, "bf16"),
+    ("decode", "sliding_window_causal", 40, "f32"),
+    ("prefill", "chunked_causal", 8, "bf16"),
+    ("long", "null", -1, "f32"),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario,mask,W,dt", SINK_CONFIGS)
+def test_mha_ragged_paged_sink_weights(impl, seed, scenario, mask, W, dt):
+    dtype = DTYPES[dt]
+    rng, batch, pc, q, layer = mha_inputs(seed, scenario, group=4, page_size=16, dtype=dtype, head_dim=64)
+    H = q.shape[1]
+    sinks = (rng.standard_normal(H) * 2).astype(np.float32)
+    sinks[0] = -np.inf  # no sink on head 0
+    sinks[1] = 6.0  # a sink that dominates
+    sinks = sinks.astype(dtype)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
+    got = np_out(jit_call(mha_sink, *args, sinks, mask_str=mask, local_window_size=W,
+                          implementation=impl))
+    ref = oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=W, sink_weights=sinks)
+    assert_close(got, ref, budget_for(dtype), what="mha_ragged_paged.sink_weights")
+    # a -inf sink equals no sink
+    neg = np.full(H, -np.inf, np.float32).astype(dtype)
+    got_neg = np_out(jit_call(mha_sink, *args, neg, mask_str=mask, local_window_size=W,
+                              implementation=impl))
+    got_none = np_out(jit_call(msa_ops.mha_ragged_paged, *args, mask_str=mask, local_window_size=W,
+                               implementation=impl))
+    assert_close(got_neg, oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=W),
+                 budget_for(dtype), what="sink=-inf")
+    assert_close(got_neg, got_none.astype(np.float64), budget_for(dtype), what="sink=-inf vs no sink")
+
+
+# ==========================================================================================================
+# mo.mha.padded.paged
+# ==========================================================================================================
+# (S, mask, window, group, page_size, dtype)
+PADDED_PAGED_CONFIGS = [
+    (1, "causal", -1, 8, 16, "bf16"),
+    (40, "causal", -1, 4, 128, "f32"),
+    (40, "sliding_window_noncausal", 12, 1, 16, "bf16"),
+    (24, "chunked_causal", 16, 4, 16, "f32"),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("S,mask,W,group,page_size,dt", PADDED_PAGED_CONFIGS)
+def test_mha_padded_paged(impl, seed, S, mask, W, group, page_size, dt):
+    dtype = DTYPES[dt]
+    rng = np.random.default_rng(seed)
+    B, Hkv, D = 4, 2, 64
+    vl = rng.integers(0, S + 1, B).astype(np.int32)
+    vl[0] = 0
+    vl[-1] = S + 5  # clamps to S
+    n_q = np.minimum(vl, S)
+    cache = np.array([int(rng.integers(0, S_MAX - n + 1)) for n in n_q], np.int32)
+    pc = make_paged_cache(rng, list(cache + n_q), page_size=page_size, max_pages=S_MAX // page_size,
+                          n_kv_heads=Hkv, head_dim=D, dtype=dtype)
+    q = rand(rng, (B, S, Hkv * group, D), dtype)
+    layer = np.int32(1)
+    args = (q, pc.kv_blocks, cache, pc.lut, layer, vl)
+    got = np_out(jit_call(msa_ops.mha_padded_paged, *args, mask_str=mask, local_window_size=W,
+                          implementation=impl))
+    ref = oracle.mha_padded_paged(*args, mask_str=mask, local_window_size=W)
+    assert_close(got, ref, budget_for(dtype), what="mha_padded_paged")
+    for b in range(B):
+        assert not got[b, n_q[b]:].astype(np.float32).any()
+
+
+# ==========================================================================================================
+# mo.mha.ragged.no_cache / mo.mha.padded.no_cache
+# ==========================================================================================================
+NO_CACHE_MASKS = [("null", -1), ("causal", -1), ("sliding_window_causal", 6), ("sliding_window_noncausal", 5),
+                  ("chunked_causal", 8)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mask,W", NO_CACHE_MASKS)
+@pytest.mark.parametrize("kv_offsets", ["separate", "omitted"])
+def test_mha_ragged_no_cache(impl, seed, mask, W, kv_offsets):
+    rng = np.random.default_rng(seed)
+    dtype = BF16 if kv_offsets == "separate" else np.dtype(np.float32)
+    H, Hkv, D, T, Tk = 8, 2, 64, 72, 110
+    n = [0, int(rng.integers(1, 25)), int(rng.integers(1, 25)), 1]
+    if kv_offsets == "separate":
+        nk = [int(rng.integers(0, 10)), n[1] + int(rng.integers(0, 30)), max(0, n[2] - 3), 1 + int(rng.integers(20))]
+    else:
+        nk = n
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    koffs = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
+    q = rand(rng, (T, H, D), dtype)
+    k = rand(rng, (Tk if kv_offsets == "separate" else T, Hkv, D), dtype)
+    v = rand(rng, k.shape, dtype)
+    if kv_offsets == "separate":
+        got = jit_call(msa_ops.mha_ragged_no_cache, q, k, v, offs, koffs, mask_str=mask, local_window_size=W,
+                       implementation=impl)
+        ref = oracle.mha_ragged_no_cache(q, k, v, offs, koffs, mask_str=mask, local_window_size=W)
+    else:
+        got = jit_call(msa_ops.mha_ragged_no_cache, q, k, v, offs, mask_str=mask, local_window_size=W,
+                       implementation=impl)
+        ref = oracle.mha_ragged_no_cache(q, k, v, offs, mask_str=mask, local_window_size=W)
+    assert_close(np_out(got), ref, budget_for(dtype), what="mha_ragged_no_cache")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mask,W", NO_CACHE_MASKS)
+@pytest.mark.parametrize("S,Sk", [(16, 24), (20, 12)])
+def test_mha_padded_no_cache(impl, seed, mask, W, S, Sk):
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(np.float32) if S < Sk else BF16
+    B, H, Hkv, D = 4, 4, 1, 64
+    vl = rng.integers(0, max(S, Sk) + 3, B).astype(np.int32)
+    vl[0] = 0
+    q = rand(rng, (B, S, H, D), dtype)
+    k = rand(rng, (B, Sk, Hkv, D), dtype)
+    v = rand(rng, (B, Sk, Hkv, D), dtype)
+    got = jit_call(msa_ops.mha_padded_no_cache, q, k, v, vl, mask_str=mask, local_window_size=W,
+                   implementation=impl)
+    ref = oracle.mha_padded_no_cache(q, k, v, vl, mask_str=mask, local_window_size=W)
+    assert_close(np_out(got), ref, budget_for(dtype), what="mha_padded_no_cache")
+
+
+# ==========================================================================================================
+# mo.mha.decode.get_num_partitions
+# ==========================================================================================================
+@pytest.mark.parametrize("n_kv_heads,sm_count", [(1, 132), (2, 132), (8, 132), (8, 148), (4, 16), (1, 1)])
+def test_get_num_partitions(impl, n_kv_heads, sm_count):
+    fn = jax.jit(lambda b, m: msa_ops.mha_decode_get_num_partitions(b, m, n_kv_heads=n_kv_heads,
+                                                                     sm_count=sm_count, implementation=impl))
+    for batch in (1, 2, 3, 8, 17, 64, 200):
+        for max_len in (0, 1, 511, 512, 1023, 1024, 4096, 5000, 100000, 10 ** 6):
+            got = fn(np.int32(batch), np.int32(max_len))
+            assert got.dtype == jnp.int32 and got.shape == ()
+            want = oracle.get_num_partitions(batch, max_len, n_kv_heads=n_kv_heads, sm_count=sm_count)
+            assert int(got) == want, (batch, max_len, n_kv_heads, sm_count, int(got), want)
+
+
+# ==========================================================================================================
+# split-K: num_partitions in {0, 1, 2, 7} give the same results
+# ==========================================================================================================
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario", ["decode", "spec", "mixed"])
+def test_num_partitions_equivalent(impl, seed, scenario):
+    dtype = np.dtype(np.float32)
+    rng, batch, pc, q, layer = mha_inputs(seed, scenario, group=4, page_size=16, dtype=dtype, head_dim=64)
+    H = q.shape[1]
+    sinks = rng.standard_normal(H).astype(np.float32)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
+    ref = oracle.mha_ragged_paged(*args, sink_weights=sinks)
+    outs = {}
+    for npart in (0, 1, 2, 7):
+        outs[npart] = np_out(jit_call(mha_sink, *args, sinks, num_partitions=npart,
+                                      implementation=impl))
+        assert_close(outs[npart], ref, budget_for(dtype), what=f"num_partitions={npart}")
+    for npart in (0, 2, 7):
+        assert_close(outs[npart], outs[1].astype(np.float64), 2 * budget_for(dtype),
+                     what=f"num_partitions={npart} vs 1")
+    # padded paged as well
+    S = 3
+    vl = np.array([1, 3, 0, 2], np.int32)
+    cache = rng.integers(0, S_MAX - S + 1, 4).astype(np.int32)
+    pc2 = make_paged_cache(rng, list(cache + vl), page_size=16, max_pages=S_MAX // 16, n_kv_heads=2,
+                           head_dim=64, dtype=dtype)
+    qp = rand(rng, (4, S, 8, 64), dtype)
+    args2 = (qp, pc2.kv_blocks, cache, pc2.lut, np.int32(0), vl)
+    ref2 = oracle.mha_padded_paged(*args2)
+    for npart in (0, 1, 2, 7):
+        got = np_out(jit_call(msa_ops.mha_padded_paged, *args2, num_partitions=npart, implementation=impl))
+        assert_close(got, ref2, budget_for(dtype), what=f"padded num_partitions={npart}")
+
+
+# ==========================================================================================================
+# mo.msa.attention.ragged.paged
+# ==========================================================================================================
+MSA_MP = 4  # 512 tokens of 128-token blocks
+
+
+def msa_indices(rng, batch: RaggedBatch, n_kv_heads, topk, *, junk=True):
+    """Random block ids: valid blocks of the row's sequence, plus -1, duplicates and out-of-range ids."""
+    idx = np.full((n_kv_heads, batch.T, topk), -1, np.int32)
+    offs = batch.offsets
+    for b in range(batch.B):
+        n_blocks = -(-(batch.cache[b] + batch.n[b]) // 128)
+        for t in range(offs[b], offs[b + 1]):
+            for g in range(n_kv_heads):
+                row = list(rng.permutation(max(n_blocks, 1))[:topk])
+                if junk:
+                    choices = [-1, -1, -5, MSA_MP, MSA_MP + 9, n_blocks, 1 << 20]
+                    if row:
+                        choices += [row[0]]  # duplicate
+                    for s in range(topk):
+                        if rng.random() < 0.3:
+                            row = row[:s] + [int(rng.choice(choices))] + row[s + 1:]
+                row = (row + [-1] * topk)[:topk]
+                idx[g, t] = rng.permutation(row)
+    # padding rows: random junk (must be ignored)
+    idx[:, offs[-1]:] = rng.integers(-2, MSA_MP, (n_kv_heads, batch.T - offs[-1], topk))
+    return idx
+
+
+# (scenario, kv dtype, n_kv_heads, group, topk, cache_row_offsets given, uint32 ints)
+MSA_CONFIGS = [
+    ("decode", "bf16", 1, 8, 4, True, False),
+    ("decode1", "fp8", 1, 8, 4, False, False),
+    ("spec", "bf16", 2, 4, 3, True, False),
+    ("mixed", "bf16", 1, 8, 4, False, True),
+    ("long", "fp8", 1, 4, 2, True, False),
+    ("prefill", "bf16", 2, 2, 4, True, False),
+]
+
+
+def msa_inputs(seed, scenario, dt, n_kv_heads, group, topk, uint32=False, num_layers=2):
+    rng = np.random.default_rng(seed + 100)
+    dtype = DTYPES[dt]
+    batch = make_batch(rng, scenario, S_MAX)
+    pc = make_paged_cache(rng, tokens_of(batch), page_size=128, max_pages=MSA_MP, n_kv_heads=n_kv_heads,
+                          head_dim=128, num_layers=num_layers, dtype=dtype, std=1.0)
+    q = rand(rng, (batch.T, n_kv_heads * group, 128), dtype)
+    idx = msa_indices(rng, batch, n_kv_heads, topk)
+    cro = oracle.kv_cache_row_offsets_ragged_paged(batch.offsets, batch.cache_lengths)
+    offs, cl, lut = batch.offsets, batch.cache_lengths, pc.lut
+    if uint32:
+        offs, cl, lut, idx, cro = (to_uint32(x) for x in (offs, cl, lut, idx, cro))
+    return rng, batch, pc, q, offs, cro, cl, lut, idx, dtype
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario,dt,n_kv_heads,group,topk,with_cro,uint32", MSA_CONFIGS)
+def test_msa_attention(impl, seed, scenario, dt, n_kv_heads, group, topk, with_cro, uint32):
+    _rng, _batch, pc, q, offs, cro, cl, lut, idx, dtype = msa_inputs(seed, scenario, dt, n_kv_heads, group, topk,
+                                                                   uint32)
+    layer = np.int32(seed % 2)
+    args = (q, offs, cro if with_cro else None, pc.kv_blocks, cl, lut, layer, idx)
+    if with_cro:
+        got = jit_call(msa_ops.msa_attention_ragged_paged, *args, implementation=impl)
+    else:
+        got = jit_call(msa_no_cro, q, offs, pc.kv_blocks, cl, lut, layer, idx, implementation=impl)
+    got = np_out(got)
+    assert got.dtype == BF16
+    ref = oracle.msa_attention_ragged_paged(*args)
+    assert_close(got, ref, budget_for(BF16, dtype), what=f"msa[{scenario},{dt}]")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario", ["decode", "spec"])
+def test_msa_num_partitions_equivalent(impl, seed, scenario):
+    _rng, _batch, pc, q, offs, cro, cl, lut, idx, _dtype = msa_inputs(seed, scenario, "bf16", 1, 8, 8)
+    args = (q, offs, cro, pc.kv_blocks, cl, lut, np.int32(1), idx)
+    ref = oracle.msa_attention_ragged_paged(*args)
+    for npart in (0, 1, 2, 7):
+        got = np_out(jit_call(msa_ops.msa_attention_ragged_paged, *args, num_partitions=npart,
+                              implementation=impl))
+        assert_close(got, ref, budget_for(BF16), what=f"msa num_partitions={npart}")
+
+
+# ==========================================================================================================
+# mo.msa.indexer.ragged.paged
+# ==========================================================================================================
+IDX_MP = 8  # 1024 tokens
+
+
+def assert_indexer_matches(got, ref, scores, eligible, topk, init_blocks, local_blocks, rtol=1e-3):
+    """Exact match, except that blocks whose oracle score is within rtol of the k-th best may be swapped."""
+    got = np.asarray(got)
+    assert got.shape == ref.shape and got.dtype == np.int32, (got.shape, got.dtype)
+    Hi, T, _ = ref.shape
+    for h in range(Hi):
+        for t in range(T):
+            g, r = got[h, t], ref[h, t]
+            if np.array_equal(g, r):
+                continue
+            ctx = f"head {h} row {t}: got {g.tolist()} expected {r.tolist()}"
+            gv = [int(x) for x in g if x != -1]
+            rv = [int(x) for x in r if x != -1]
+            assert len(gv) == len(rv), ctx
+            assert gv == sorted(set(gv)), f"ids must be ascending, distinct, then -1: {ctx}"
+            assert (g[len(gv):] == -1).all(), ctx
+            assert all(0 <= j < eligible.shape[1] and eligible[t, j] for j in gv), f"ineligible id: {ctx}"
+            elig = list(np.flatnonzero(eligible[t]))
+            forced = set(elig[:init_blocks]) | (set(elig[len(elig) - local_blocks:]) if local_blocks else set())
+            assert forced <= set(gv), f"forced blocks {sorted(forced)} missing: {ctx}"
+            s = scores[h, t]
+            kth = min(s[j] for j in rv if j not in forced)
+            for j in set(gv) ^ set(rv):
+                assert abs(s[j] - kth) <= rtol * max(abs(kth), abs(s[j]), 1e-6), (
+                    f"block {j} score {s[j]:.6g} vs k-th best {kth:.6g}: {ctx}")
+
+
+# (scenario, topk, init, local, dtype, Di, uint32 ints)
+INDEXER_CONFIGS = [
+    ("decode", 4, 1, 1, "bf16", 64, False),
+    ("mixed", 3, 0, 0, "f32", 128, False),
+    ("long", 4, 1, 2, "bf16", 128, False),
+    ("spec", 8, 0, 0, "f32", 64, False),  # topk >= every eligible block
+    ("prefill", 2, 1, 1, "bf16", 64, False),
+    ("mixed", 3, 1, 0, "bf16", 64, True),
+]
+
+
+def indexer_inputs(seed, scenario, dt, Di, Hi=4, num_layers=2):
+    rng = np.random.default_rng(seed + 200)
+    dtype = DTYPES[dt]
+    batch = make_batch(rng, scenario, IDX_MP * 128)
+    if scenario == "long":  # longer caches to get more blocks than topk
+        batch.cache = [int(rng.integers(300, 1024 - batch.n[0] + 1)), int(rng.integers(0, 900))]
+    pc = make_paged_cache(rng, tokens_of(batch), page_size=128, max_pages=IDX_MP, n_kv_heads=1, head_dim=Di,
+                          num_layers=num_layers, dtype=dtype, kv=1)
+    q = rand(rng, (batch.T, Hi, Di), dtype)
+    return rng, batch, pc, q, dtype
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario,topk,init_blocks,local_blocks,dt,Di,uint32", INDEXER_CONFIGS)
+def test_msa_indexer(impl, seed, scenario, topk, init_blocks, local_blocks, dt, Di, uint32):
+    _rng, batch, pc, q, _dtype = indexer_inputs(seed, scenario, dt, Di)
+    layer = np.int32(1 - seed % 2)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
+    if uint32:
+        args = (q, *(to_uint32(x) for x in args[1:2]), pc.kv_blocks,
+                *(to_uint32(x) for x in args[3:]))
+    kw = {"topk": topk, "init_blocks": init_blocks, "local_blocks": local_blocks}
+    got = np_out(jit_call(msa_ops.msa_indexer_ragged_paged, *args, implementation=impl, **kw))
+    ref, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
+    assert_indexer_matches(got, ref, scores, elig, topk, init_blocks, local_blocks)
+    assert (got[:, batch.offsets[-1]:] == -1).all(), "padding rows must be -1"
+
+
+# ==========================================================================================================
+# mo.kv_cache.store.ragged.paged / mo.kv_cache.row_offsets.ragged.paged
+# ==========================================================================================================
+def bits(x):
+    x = np.asarray(x)
+    return x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario,dt,page_size", [("mixed", "bf16", 16), ("decode", "f32", 128),
+                                                   ("long", "bf16", 128), ("prefill", "f16", 16)])
+def test_kv_cache_store(impl, seed, scenario, dt, page_size):
+    rng = np.random.default_rng(seed + 300)
+    dtype = DTYPES[dt]
+    batch = make_batch(rng, scenario, S_MAX)
+    Hkv, D, L = 2, 64, 3
+    pc = make_paged_cache(rng, tokens_of(batch), page_size=page_size, max_pages=S_MAX // page_size,
+                          n_kv_heads=Hkv, head_dim=D, num_layers=L, dtype=dtype)
+    k = rand(rng, (batch.T, Hkv, D), dtype)
+    v = rand(rng, (batch.T, Hkv, D), dtype)
+    layer = np.int32(rng.integers(L))
+    args = (pc.kv_blocks, k, v, batch.offsets, batch.cache_lengths, pc.lut, layer)
+    got = np_out(jit_call(msa_ops.kv_cache_store_ragged_paged, *args, implementation=impl))
+    want = oracle.kv_cache_store_ragged_paged(*args)
+    assert got.dtype == dtype and got.shape == pc.kv_blocks.shape
+    np.testing.assert_array_equal(bits(got), bits(want))
+    # the test is meaningful: exactly the new tokens changed
+    changed = np.any(bits(got) != bits(pc.kv_blocks), axis=(1, 2, 4, 5)).sum()
+    assert changed == sum(batch.n)
+
+
+@pytest.mark.parametrize("uint32", [False, True])
+def test_kv_cache_store_drops_rows(impl, uint32):
+    """Rows past the page table, rows on invalid pages, padding rows, bad layers: nothing written."""
+    rng = np.random.default_rng(7)
+    P, MP, Hkv, D, L = 16, 4, 1, 32, 2
+    dtype = BF16
+    n = [5, 8, 3, 4]
+    # seq 0: positions 62..66 -> only 62, 63 fit (S_max = 64); seq 1: 10..17 on two invalid pages;
+    # seq 2: 30, 31 on a valid page, 32 on an invalid one; seq 3: 0..3
+    cache = [62, 10, 30, 0]
+    pc = make_paged_cache(rng, [64, 16, 48, 4], page_size=P, max_pages=MP, n_kv_heads=Hkv, head_dim=D,
+                          num_layers=L, dtype=dtype)
+    lut = pc.lut.copy()
+    lut[1, 0] = -1
+    lut[1, 1] = pc.kv_blocks.shape[0] + 3
+    lut[2, 2] = 1 << 30
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    T = int(offs[-1]) + 3  # 3 padding rows
+    k = rand(rng, (T, Hkv, D), dtype)
+    v = rand(rng, (T, Hkv, D), dtype)
+    cl = np.array(cache, np.int32)
+    for layer in (0, 1, 2, -1):
+        args = [pc.kv_blocks, k, v, offs, cl, lut, np.int32(layer)]
+        if uint32:
+            args[3:6] = [to_uint32(x) for x in args[3:6]]
+            args[6] = to_uint32(args[6])
+        got = np_out(jit_call(msa_ops.kv_cache_store_ragged_paged, *args, implementation=impl))
+        want = oracle.kv_cache_store_ragged_paged(*args)
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"layer {layer}")
+    # sanity of the oracle on this case (layer 0): 2 + 0 + 2 + 4 slots written
+    want = oracle.kv_cache_store_ragged_paged(pc.kv_blocks, k, v, offs, cl, lut, np.int32(0))
+    assert np.any(bits(want) != bits(pc.kv_blocks), axis=(1, 2, 4, 5)).sum() == 2 + 0 + 2 + 4
+
+
+def test_kv_cache_store_huge_cache_lengths(impl):
+    """cache_lengths near INT32_MAX: c_b + i must not wrap around into the pool; 0xFFFFFFFF reads -1 -> 0."""
+    rng = np.random.default_rng(12)
+    pc = make_paged_cache(rng, [64, 64, 64], page_size=16, max_pages=4, n_kv_heads=1, head_dim=32, dtype=BF16)
+    offs = np.array([0, 4, 8, 11], np.int32)
+    k = rand(rng, (11, 1, 32), BF16)
+    for cl in (np.array([2 ** 31 - 1, 2 ** 31 - 3, 5], np.int64).astype(np.int32),
+               to_uint32(np.array([-1, 2 ** 31 - 2, 63], np.int64).astype(np.int32))):
+        args = (pc.kv_blocks, k, k, offs if cl.dtype == np.int32 else to_uint32(offs), cl, pc.lut, np.int32(0))
+        got = np_out(jit_call(msa_ops.kv_cache_store_ragged_paged, *args, implementation=impl))
+        np.testing.assert_array_equal(bits(got), bits(oracle.kv_cache_store_ragged_paged(*args)),
+                                      err_msg=f"cache_lengths {cl.tolist()}")
+
+
+def test_kv_cache_store_donated(impl):
+    rng = np.random.default_rng(8)
+    batch = make_batch(rng, "mixed", S_MAX)
+    pc = make_paged_cache(rng, tokens_of(batch), page_size=16, max_pages=32, n_kv_heads=2, head_dim=64,
+                          dtype=BF16)
+    k = rand(rng, (batch.T, 2, 64), BF16)
+    v = rand(rng, (batch.T, 2, 64), BF16)
+    want = oracle.kv_cache_store_ragged_paged(pc.kv_blocks, k, v, batch.offsets, batch.cache_lengths, pc.lut, 1)
+    fn = jax.jit(lambda kv, *a: msa_ops.kv_cache_store_ragged_paged(kv, *a, implementation=impl),
+                 donate_argnums=0)
+    kv_dev = jnp.asarray(pc.kv_blocks)
+    got = np_out(fn(kv_dev, k, v, batch.offsets, batch.cache_lengths, pc.lut, np.int32(1)))
+    np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("uint32", [False, True])
+def test_kv_cache_row_offsets(impl, seed, uint32):
+    rng = np.random.default_rng(seed + 400)
+    B = 6
+    n = rng.integers(0, 20, B)
+    n[0] = 0
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    cl = rng.integers(-5, 1000, B).astype(np.int32)
+    if uint32:
+        offs, cl = to_uint32(offs), to_uint32(cl)
+    got = np_out(jit_call(msa_ops.kv_cache_row_offsets_ragged_paged, offs, cl, implementation=impl))
+    want = oracle.kv_cache_row_offsets_ragged_paged(offs, cl)
+    assert got.dtype == np.int32 and got.shape == (B + 1,)
+    np.testing.assert_array_equal(got, want)
+
+
+# ==========================================================================================================
+# bad values: invalid pages, cache lengths past S_max, non-monotone / out-of-range offsets, layer out of range
+# ==========================================================================================================
+@pytest.mark.parametrize("uint32", [False, True])
+def test_mha_bad_values(impl, uint32):
+    rng = np.random.default_rng(9)
+    dtype = np.dtype(np.float32)
+    P, MP, Hkv, H, D = 16, 8, 2, 4, 64
+    S = MP * P
+    # seq 0: all its pages invalid (fully masked rows -> 0); seq 1: cache past S_max; seq 2: one bad page;
+    # offsets non-monotone and past T.
+    cache = np.array([20, 10 ** 6, 40, 5], np.int32)
+    pc = make_paged_cache(rng, [S] * 4, page_size=P, max_pages=MP, n_kv_heads=Hkv, head_dim=D, dtype=dtype)
+    lut = pc.lut.copy()
+    lut[0, :] = -1
+    lut[2, 1] = pc.kv_blocks.shape[0]
+    T = 40
+    offs = np.array([0, 6, 10, 20, 33], np.int32)
+    q = rand(rng, (T, H, D), dtype)
+    offs_bad = np.array([-3, 6, 4, 20, 70], np.int32)  # repaired [0, 6, 6, 20, 40]
+    for o in (offs, offs_bad):
+        for mask, W in (("causal", -1), ("sliding_window_noncausal", 9)):
+            args = [q, o, pc.kv_blocks, cache, lut, np.int32(1)]
+            if uint32:
+                args[1], args[3], args[4] = to_uint32(o), to_uint32(cache), to_uint32(lut)
+            got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, mask_str=mask, local_window_size=W,
+                                  implementation=impl))
+            ref = oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=W)
+            assert_close(got, ref, budget_for(dtype), what=f"bad values offs={o.tolist()} {mask}")
+            assert not got[:6].any(), "sequence with no valid page must output 0"
+    # layer out of range -> all zeros (also for MSA and the indexer below)
+    for layer in (2, -1, 1 << 20):
+        got = np_out(jit_call(msa_ops.mha_ragged_paged, q, offs, pc.kv_blocks, cache, pc.lut, np.int32(layer),
+                              implementation=impl))
+        assert not got.any() and np.isfinite(got).all()
+
+
+def test_msa_and_indexer_bad_layer(impl):
+    _, batch, pc, q, offs, cro, cl, lut, idx, _ = msa_inputs(0, "mixed", "bf16", 1, 8, 4)
+    for layer in (2, -1):
+        got = np_out(jit_call(msa_ops.msa_attention_ragged_paged, q, offs, cro, pc.kv_blocks, cl, lut,
+                              np.int32(layer), idx, implementation=impl))
+        assert not got.astype(np.float32).any()
+    _, batch, pc, q, _ = indexer_inputs(0, "mixed", "bf16", 64)
+    for layer in (2, -1):
+        got = np_out(jit_call(msa_ops.msa_indexer_ragged_paged, q, batch.offsets, pc.kv_blocks,
+                              batch.cache_lengths, pc.lut, np.int32(layer), topk=3, implementation=impl))
+        assert (got == -1).all()
+
+
+def test_explicit_scale_and_mask_aliases(impl):
+    """A non-default `scale` and MAX's `_mask` spellings, on every attention op and the indexer."""
+    _, batch, pc, q, layer = mha_inputs(6, "mixed", group=4, page_size=16, dtype=np.float32, head_dim=64)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
+    for mask, W in (("causal_mask", -1), ("sliding_window_causal_mask", 20), ("chunked_causal_mask", 16)):
+        got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, mask_str=mask, local_window_size=W, scale=0.37,
+                              implementation=impl))
+        ref = oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=W, scale=0.37)
+        assert_close(got, ref, 1e-5, what=f"scale=0.37 {mask}")
+    rng = np.random.default_rng(66)
+    qn, kn = rand(rng, (30, 4, 64), np.float32), rand(rng, (30, 2, 64), np.float32)
+    offs = np.array([0, 12, 30], np.int32)
+    got = np_out(jit_call(msa_ops.mha_ragged_no_cache, qn, kn, kn, offs, mask_str="null_mask", scale=0.05,
+                          implementation=impl))
+    assert_close(got, oracle.mha_ragged_no_cache(qn, kn, kn, offs, mask_str="null", scale=0.05), 1e-5,
+                 what="no_cache scale")
+    _, batch, pcm, qm, offs, cro, cl, lut, idx, _ = msa_inputs(3, "spec", "bf16", 1, 8, 4)
+    margs = (qm, offs, cro, pcm.kv_blocks, cl, lut, np.int32(0), idx)
+    got = np_out(jit_call(msa_ops.msa_attention_ragged_paged, *margs, scale=0.02, implementation=impl))
+    assert_close(got, oracle.msa_attention_ragged_paged(*margs, scale=0.02), budget_for(BF16), what="msa scale")
+    _, batch, pcx, qx, _ = indexer_inputs(4, "decode", "f32", 64)
+    iargs = (qx, batch.offsets, pcx.kv_blocks, batch.cache_lengths, pcx.lut, np.int32(0))
+    got = np_out(jit_call(msa_ops.msa_indexer_ragged_paged, *iargs, topk=3, scale=-1.0, implementation=impl))
+    ref, sc, el = oracle.msa_indexer_ragged_paged(*iargs, topk=3, scale=-1.0, return_scores=True)
+    assert_indexer_matches(got, ref, sc, el, 3, 0, 0)
+
+
+def test_auto_implementation():
+    """implementation="auto" (the default) gives the oracle's result too."""
+    _, batch, pc, q, layer = mha_inputs(7, "mixed", group=4, page_size=16, dtype=BF16, head_dim=64)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
+    got = np_out(jit_call(msa_ops.mha_ragged_paged, *args))
+    assert_close(got, oracle.mha_ragged_paged(*args), budget_for(BF16), what="auto")
+
+
+def test_hints_do_not_change_results(impl):
+    """Hints steer routing only: correct and even misleading hints give the oracle's result."""
+    _, batch, pc, q, layer = mha_inputs(3, "mixed", group=4, page_size=16, dtype=BF16, head_dim=64)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
+    ref = oracle.mha_ragged_paged(*args)
+    for hints in ({"max_prompt_length": max(batch.n), "max_cache_length": max(batch.cache),
+                       "total_context_length": int(sum(tokens_of(batch)))},
+                  {"max_prompt_length": 1, "max_cache_length": 1},  # misleading: says "decode, tiny cache"
+                  {"max_prompt_length": batch.T, "max_cache_length": 10 ** 5}):
+        got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, implementation=impl, **hints))
+        assert_close(got, ref, budget_for(BF16), what=f"hints {hints}")
+
+
+# ==========================================================================================================
+# layer_idx traced inside lax.scan; vmap over a leading batch axis
+# ==========================================================================================================
+def test_layer_idx_traced_in_scan(impl):
+    L = 3
+    _, batch, pc, _, _ = mha_inputs(4, "mixed", group=4, page_size=16, dtype=BF16, head_dim=64, num_layers=L)
+    rng = np.random.default_rng(44)
+    layers = np.array([0, 1, 2, 3, 1], np.int32)  # 3 is out of range -> zeros
+    qs = rand(rng, (len(layers), batch.T, 8, 64), BF16)
+
+    @jax.jit
+    def run(qs, layers, kv, offs, cl, lut):
+        def body(carry, x):
+            q, layer = x
+            return carry, msa_ops.mha_ragged_paged(q, offs, kv, cl, lut, layer, implementation=impl)
+
+        return jax.lax.scan(body, 0, (qs, layers))[1]
+
+    got = np_out(run(qs, layers, pc.kv_blocks, batch.offsets, batch.cache_lengths, pc.lut))
+    for i, layer in enumerate(layers):
+        ref = oracle.mha_ragged_paged(qs[i], batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
+        assert_close(got[i], ref, budget_for(BF16), what=f"scan step {i} layer {layer}")
+
+    # the store inside a scan over layers, carrying the cache
+    k = rand(rng, (len(layers), batch.T, 2, 64), BF16)
+
+    @jax.jit
+    def store_all(kv, ks, layers, offs, cl, lut):
+        def body(kv, x):
+            kk, layer = x
+            return msa_ops.kv_cache_store_ragged_paged(kv, kk, kk, offs, cl, lut, layer,
+                                                       implementation=impl), None
+
+        return jax.lax.scan(body, kv, (ks, layers))[0]
+
+    got = np_out(store_all(pc.kv_blocks, k, layers, batch.offsets, batch.cache_lengths, pc.lut))
+    want = pc.kv_blocks
+    for i, layer in enumerate(layers):
+        want = oracle.kv_cache_store_ragged_paged(want, k[i], k[i], batch.offsets, batch.cache_lengths, pc.lut,
+                                                  layer)
+    np.testing.assert_array_equal(bits(got), bits(want))
+
+
+def test_msa_and_indexer_layer_idx_in_scan(impl):
+    _, batch, pc, q, offs, cro, cl, lut, idx, _ = msa_inputs(1, "spec", "bf16", 1, 8, 4, num_layers=3)
+    layers = np.array([2, 0, 1], np.int32)
+
+    @jax.jit
+    def run(layers, q, kv):
+        return jax.lax.scan(lambda c, l: (c, msa_ops.msa_attention_ragged_paged(
+            q, offs, cro, kv, cl, lut, l, idx, implementation=impl)), 0, layers)[1]
+
+    got = np_out(run(layers, q, pc.kv_blocks))
+    for i, layer in enumerate(layers):
+        ref = oracle.msa_attention_ragged_paged(q, offs, cro, pc.kv_blocks, cl, lut, layer, idx)
+        assert_close(got[i], ref, budget_for(BF16), what=f"msa scan layer {layer}")
+
+    _, batch, pcx, qx, _ = indexer_inputs(1, "decode", "f32", 64, num_layers=3)
+
+    @jax.jit
+    def run_idx(layers, q, kb):
+        return jax.lax.scan(lambda c, l: (c, msa_ops.msa_indexer_ragged_paged(
+            q, batch.offsets, kb, batch.cache_lengths, pcx.lut, l, topk=3, init_blocks=1, local_blocks=1,
+            implementation=impl)), 0, layers)[1]
+
+    got = np_out(run_idx(layers, qx, pcx.kv_blocks))
+    for i, layer in enumerate(layers):
+        ref, sc, el = oracle.msa_indexer_ragged_paged(qx, batch.offsets, pcx.kv_blocks, batch.cache_lengths,
+                                                      pcx.lut, layer, topk=3, init_blocks=1, local_blocks=1,
+                                                      return_scores=True)
+        assert_indexer_matches(got[i], ref, sc, el, 3, 1, 1)
+
+
+def test_vmap_matches_loop(impl):
+    V, L = 3, 2
+    _, batch, pc, _, _ = mha_inputs(5, "mixed", group=4, page_size=16, dtype=np.float32, head_dim=64,
+                                    num_layers=L)
+    rng = np.random.default_rng(55)
+    qs = rand(rng, (V, batch.T, 8, 64), np.float32)
+    layers = np.array([1, 0, 1], np.int32)
+    f = lambda q, l: msa_ops.mha_ragged_paged(q, batch.offsets, pc.kv_blocks, batch.cache_lengths,
+                                              pc.lut, l, implementation=impl)
+    got = np_out(jax.jit(jax.vmap(f))(qs, layers))
+    got_q_only = np_out(jax.jit(jax.vmap(f, in_axes=(0, None)))(qs, np.int32(1)))
+    loop = jax.jit(f)
+    for i in range(V):
+        one = np_out(loop(qs[i], layers[i]))
+        ref = oracle.mha_ragged_paged(qs[i], batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layers[i])
+        assert_close(got[i], ref, 1e-5, what=f"vmap[{i}]")
+        assert_close(got[i], one.astype(np.float64), 1e-6, what=f"vmap[{i}] vs loop")
+        assert_close(got_q_only[i], np_out(loop(qs[i], np.int32(1))).astype(np.float64), 1e-6,
+                     what=f"vmap q only [{i}]")
+
+    # MSA attention and the indexer, vmapped over q and layer_idx
+    _, batch, pcm, q, offs, cro, cl, lut, idx, _ = msa_inputs(2, "mixed", "bf16", 1, 8, 4)
+    qm = np.stack([q, rand(rng, q.shape, BF16), rand(rng, q.shape, BF16)])
+    fm = lambda q, l: msa_ops.msa_attention_ragged_paged(q, offs, cro, pcm.kv_blocks, cl, lut, l, idx,
+                                                         implementation=impl)
+    got = np_out(jax.jit(jax.vmap(fm))(qm, layers))
+    for i in range(V):
+        ref = oracle.msa_attention_ragged_paged(qm[i], offs, cro, pcm.kv_blocks, cl, lut, layers[i], idx)
+        assert_close(got[i], ref, budget_for(BF16), what=f"msa vmap[{i}]")
+        np.testing.assert_array_equal(bits(got[i]), bits(np_out(jax.jit(fm)(qm[i], layers[i]))))
+
+    _, batch, pcx, qx, _ = indexer_inputs(3, "spec", "f32", 64)
+    qxs = np.stack([qx, rand(rng, qx.shape, np.float32), rand(rng, qx.shape, np.float32)])
+    fi = lambda q, l: msa_ops.msa_indexer_ragged_paged(q, batch.offsets, pcx.kv_blocks,
+                                                       batch.cache_lengths, pcx.lut, l, topk=2,
+                                                       implementation=impl)
+    got = np_out(jax.jit(jax.vmap(fi))(qxs, layers))
+    for i in range(V):
+        ref, sc, el = oracle.msa_indexer_ragged_paged(qxs[i], batch.offsets, pcx.kv_blocks, batch.cache_lengths,
+                                                      pcx.lut, layers[i], topk=2, return_scores=True)
+        assert_indexer_matches(got[i], ref, sc, el, 2, 0, 0)
+
+
+# ==========================================================================================================
+# trace-time rejection of bad shapes / dtypes / attributes (jax.eval_shape suffices)
+# ==========================================================================================================
+def _sds(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+
+
+def test_bad_input_rejected_at_trace_time():
+    T, H, Hkv, D, B, NB, L, P, MP = 8, 4, 2, 64, 2, 6, 2, 16, 3
+    q = _sds((T, H, D), jnp.bfloat16)
+    offs = _sds((B + 1,), jnp.int32)
+    kv = _sds((NB, 2, L, P, Hkv, D), jnp.bfloat16)
+    cl = _sds((B,), jnp.int32)
+    lut = _sds((B, MP), jnp.int32)
+    layer = _sds((), jnp.int32)
+    ok = jax.eval_shape(lambda *a: msa_ops.mha_ragged_paged(*a, implementation="reference"),
+                        q, offs, kv, cl, lut, layer)
+    assert ok.shape == (T, H, D) and ok.dtype == jnp.bfloat16
+
+    def rejects(fn, *a, op="mo.", **kw):
+        with pytest.raises(Exception) as e:
+            jax.eval_shape(lambda *x: fn(*x, **kw), *a)
+        assert op in str(e.value), f"error should name the op {op!r}: {e.value}"
+
+    rejects(msa_ops.mha_ragged_paged, _sds((T, H * D), jnp.bfloat16), offs, kv, cl, lut, layer,
+            op="mo.mha.ragged.paged")  # wrong rank
+    rejects(msa_ops.mha_ragged_paged, q, offs, _sds((NB, 2, L, P, Hkv, D), jnp.float32), cl, lut, layer,
+            op="mo.mha.ragged.paged")  # dtype mismatch
+    rejects(msa_ops.mha_ragged_paged, q, _sds((B + 1,), jnp.float32), kv, cl, lut, layer,
+            op="mo.mha.ragged.paged")  # float offsets
+    rejects(msa_ops.mha_ragged_paged, q, offs, kv, _sds((B + 1,), jnp.int32), lut, layer,
+            op="mo.mha.ragged.paged")  # cache_lengths of the wrong batch
+    rejects(msa_ops.mha_ragged_paged, _sds((T, 3, D), jnp.bfloat16), offs, kv, cl, lut, layer,
+            op="mo.mha.ragged.paged")  # heads not divisible by kv heads
+    rejects(msa_ops.mha_ragged_paged, q, offs, kv, cl, lut, _sds((1,), jnp.int32),
+            op="mo.mha.ragged.paged")  # layer_idx not a scalar
+    rejects(msa_ops.mha_ragged_paged, q, offs, kv, cl, lut, layer, mask_str="sliding_window_causal",
+            op="mo.mha.ragged.paged")  # window needed
+    rejects(msa_ops.mha_ragged_paged, q, offs, kv, cl, lut, layer, mask_str="bogus", op="mo.mha.ragged.paged")
+    # MSA: page size must be 128, D 128
+    kv_m = _sds((NB, 2, L, 64, 1, 128), jnp.bfloat16)
+    rejects(msa_ops.msa_attention_ragged_paged, _sds((T, 8, 128), jnp.bfloat16), offs, None, kv_m, cl, lut,
+            layer, _sds((1, T, 4), jnp.int32), op="mo.msa.attention.ragged.paged")
+    # indexer: init + local > topk
+    kb = _sds((NB, 1, L, 128, 1, 64), jnp.bfloat16)
+    rejects(msa_ops.msa_indexer_ragged_paged, _sds((T, 4, 64), jnp.bfloat16), offs, kb, cl, lut, layer,
+            topk=2, init_blocks=2, local_blocks=1, op="mo.msa.indexer.ragged.paged")
