@@ -205,8 +205,15 @@ def impl(request):
         if not _native.available("cpu"):
             why = getattr(_native, "missing_reason", lambda p: "")("cpu")
             pytest.skip(f"native CPU library not available (msa_ops._native.available('cpu') is False): {why}")
+        import jax
+
+        # "native" here is the CPU handler: pin the CPU device so that it is exercised on a GPU machine too
+        # (where the default backend is the GPU). CUDA handlers are tested in test_gpu.py.
+        with jax.default_device(jax.devices("cpu")[0]):
+            yield request.param
+        return
     del msa_ops
-    return request.param
+    yield request.param
 
 
 def _freeze(v):
