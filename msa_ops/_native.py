@@ -63,6 +63,7 @@ class _LibState:
     version: str | None = None
     archs: str | None = None
     ffi_api_version: str | None = None
+    missing: list[str] = field(default_factory=list)  # TARGETS the library does not export
 
 
 _lock = threading.RLock()
@@ -121,7 +122,7 @@ def _installed_ffi_api_version() -> tuple[int, int] | None:
         import jax.ffi
 
         text = (Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api" / "c_api.h").read_text()
-    except Exception:
+    except Exception:  # noqa: BLE001 - never raise; the reason is recorded
         return None
     major = re.search(r"#define\s+XLA_FFI_API_MAJOR\s+(\d+)", text)
     minor = re.search(r"#define\s+XLA_FFI_API_MINOR\s+(\d+)", text)
@@ -135,7 +136,7 @@ def _gpu_backend_present() -> bool:
         import jax
 
         return len(jax.devices("gpu")) > 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - never raise; the reason is recorded
         return False
 
 
@@ -174,50 +175,56 @@ def _load(platform: str) -> None:
                 f"{installed[0]}.{installed[1]}; rebuild it against this jaxlib ({_BUILD_HINT})"
             )
             return
-    missing = [t for t in TARGETS if not hasattr(lib, t)]
-    if missing:
-        st.reason = f"{path} lacks the FFI targets {missing}; it is stale: {_BUILD_HINT}"
-        # Register what exists anyway: a partial library still serves those targets.
+    # A library may serve a subset of TARGETS (the CUDA library grows op by op; a stale build lacks new
+    # ones): register what it exports and record the rest. Callers check registered_targets() per target.
+    st.missing = [t for t in TARGETS if not hasattr(lib, t)]
     try:
         import jax.ffi
 
         for name in TARGETS:
-            if name in missing:
+            if name in st.missing:
                 continue
             jax.ffi.register_ffi_target(
                 name, jax.ffi.pycapsule(getattr(lib, name)), platform=_XLA_PLATFORM[platform]
             )
             st.registered.append(name)
-    except Exception as e:  # registration failure (wrong jaxlib, platform not linked in, ...)
+    except Exception as e:  # noqa: BLE001 - registration failure (wrong jaxlib, platform not linked in, ...)
         st.reason = f"registering the FFI targets of {path} failed: {type(e).__name__}: {e}"
         st.handle = lib
         return
     st.handle = lib
-    if not missing:
-        st.reason = None
+    if not st.registered:
+        st.reason = f"{path} exports none of the msa_ops FFI targets; it is stale or not ours: {_BUILD_HINT}"
+        return
+    st.reason = None
 
 
 def available(platform: str) -> bool:
-    """True when the native library of ``platform`` ('cpu' or 'cuda') is loaded and all its targets are
-    registered. Loads it on the first call; never raises."""
+    """True when the native library of ``platform`` ('cpu' or 'cuda') is loaded and its FFI targets are
+    registered with JAX (which targets: ``registered_targets``). Loads it on the first call; never raises."""
     p = _normalize(platform)
     if p not in _state:
         return False
     with _lock:
         try:
             _load(p)
-        except Exception as e:  # pragma: no cover - defensive
+        except Exception as e:  # noqa: BLE001 - pragma: no cover - defensive
             _state[p].reason = f"loading failed: {type(e).__name__}: {e}"
         st = _state[p]
-        return st.reason is None and len(st.registered) == len(TARGETS)
+        return st.reason is None and bool(st.registered)
 
 
-def missing_reason(platform: str) -> str:
-    """Why ``available(platform)`` is False, with how to fix it ('' when the library is available)."""
+def missing_reason(platform: str, target: str | None = None) -> str:
+    """Why ``available(platform)`` is False (or, given ``target``, why that target is not registered), with
+    how to fix it; '' when nothing is missing."""
     p = _normalize(platform)
     if p not in _state:
         return f"no native library exists for platform {platform!r} (only 'cpu' and 'cuda')"
     if available(p):
+        st = _state[p]
+        if target is not None and target not in st.registered:
+            return (f"{LIBRARY_NAMES[p]} ({st.path}) does not provide the FFI target {target!r} (version "
+                    f"{st.version}); rebuild it from this source tree: {_BUILD_HINT}")
         return ""
     return _state[p].reason or "unknown reason"
 
@@ -245,6 +252,7 @@ def info() -> dict:
             "archs": st.archs,
             "ffi_api_version": st.ffi_api_version,
             "registered_targets": list(st.registered),
+            "missing_targets": list(st.missing),
             "reason": st.reason,
         }
     return out

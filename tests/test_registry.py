@@ -32,7 +32,7 @@ def test_get_op_definition(name):
 
 def _paged_case(seed=0, dtype=jnp.float32):
     rng = np.random.default_rng(seed)
-    t, h, hkv, d, p, nb, nl, mp = 7, 4, 2, 32, 8, 9, 2, 3
+    t, h, hkv, d, p, nb, nl = 7, 4, 2, 32, 8, 9, 2
     q = jnp.asarray(rng.standard_normal((t, h, d)), dtype)
     kv = jnp.asarray(rng.standard_normal((nb, 2, nl, p, hkv, d)), dtype)
     off = jnp.array([0, 3, 3, 7], jnp.int32)

@@ -76,10 +76,20 @@ def _ws_avals(plan: routing.Plan, rows: int, h: int, d: int) -> tuple[ShapedArra
     return ShapedArray((npw, rows, h, d), F32), ShapedArray((npw, rows, h), F32)
 
 
+CUDA_HEAD_DIMS = (64, 128)
+CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
 def _native_supports(*avals, attrs, platform) -> str | None:
+    """Where the native handler does not cover a call, 'auto' lowers it to the reference."""
     d = avals[0].shape[-1]
     if d > MAX_NATIVE_HEAD_DIM:
         return f"head_dim {d} > {MAX_NATIVE_HEAD_DIM}"
+    if platform == "cuda":
+        if jnp.dtype(avals[0].dtype) not in CUDA_DTYPES:
+            return f"the CUDA kernels take bf16/f16, got {jnp.dtype(avals[0].dtype)} (f32 runs the reference)"
+        if d not in CUDA_HEAD_DIMS:
+            return f"the CUDA kernels take head_dim {CUDA_HEAD_DIMS}, got {d}"
     return None
 
 
@@ -170,6 +180,7 @@ def _ragged_paged_native(op: str):
             q, as_i32(offsets), kv, as_i32(cache_lengths), as_i32(lookup), as_i32(layer_idx), sink,
             **_attrs_for_ffi(attrs, d), has_sink=np.int64(has_sink),
             num_partitions=np.int64(plan.num_partitions), block_n=np.int64(routing.SPLIT_K_BLOCK_N),
+            tile_m=np.int64(plan.tile_m),
         ))
 
     return native
@@ -262,7 +273,7 @@ def _padded_paged_native(q, kv, cache_lengths, lookup, layer_idx, valid_lengths,
     return tuple(call(
         q, kv, as_i32(cache_lengths), as_i32(lookup), as_i32(layer_idx), as_i32(valid_lengths),
         **_attrs_for_ffi(attrs, d), num_partitions=np.int64(plan.num_partitions),
-        block_n=np.int64(routing.SPLIT_K_BLOCK_N),
+        block_n=np.int64(routing.SPLIT_K_BLOCK_N), tile_m=np.int64(plan.tile_m),
     ))
 
 

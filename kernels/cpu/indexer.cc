@@ -1,0 +1,214 @@
+// CPU handler of the MSA block indexer (SEMANTICS.md §8): per query row and index head, score every
+// eligible 128-token block by its max visible key score and pick top-k (forced init/local blocks first).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "handler_util.h"
+#include "msa_ops/paged.h"
+#include "thread_pool.h"
+
+namespace msa_ops {
+namespace cpu {
+namespace {
+
+constexpr int64_t kRowsPerItem = 8;
+
+struct IndexerProblem {
+  DataType q_type;
+  const void* q;
+  const void* k;
+  PagedKV geo;
+  const int32_t* table;
+  int64_t T, Hi, Di, topk, init_blocks, local_blocks;
+  float scale;
+  int32_t* out;
+};
+
+struct IndexerItem {
+  int64_t b, r0, r1;  // rows [r0, r1) of sequence b (flat rows)
+};
+
+struct IndexerScratch {
+  std::vector<float> q, kt, s, scores;
+  std::vector<unsigned char> eligible;
+  std::vector<int32_t> cand, chosen;
+};
+
+// Chooses the ids for one (row, head) and writes them ascending, -1 padded.
+void select_blocks(const IndexerProblem& pr, const float* score, const unsigned char* eligible, int64_t nblk,
+                   IndexerScratch& ts, int32_t* dst) {
+  const int64_t topk = pr.topk;
+  ts.cand.clear();
+  for (int64_t j = 0; j < nblk; ++j)
+    if (eligible[j]) ts.cand.push_back(static_cast<int32_t>(j));
+  const int64_t E = static_cast<int64_t>(ts.cand.size());
+  ts.chosen.clear();
+  if (E <= topk) {
+    ts.chosen.assign(ts.cand.begin(), ts.cand.end());
+  } else {
+    const int64_t ni = pr.init_blocks, nl = pr.local_blocks;
+    for (int64_t i = 0; i < ni; ++i) ts.chosen.push_back(ts.cand[i]);
+    for (int64_t i = E - nl; i < E; ++i) ts.chosen.push_back(ts.cand[i]);
+    const int64_t want = topk - ni - nl;
+    auto mid_begin = ts.cand.begin() + ni, mid_end = ts.cand.end() - nl;
+    auto better = [&](int32_t a, int32_t b) {
+      const float sa = score[a], sb = score[b];
+      if (sa != sb) return sa > sb;
+      return a < b;
+    };
+    if (want > 0) {
+      std::partial_sort(mid_begin, mid_begin + want, mid_end, better);
+      ts.chosen.insert(ts.chosen.end(), mid_begin, mid_begin + want);
+    }
+    std::sort(ts.chosen.begin(), ts.chosen.end());
+  }
+  const int64_t n = static_cast<int64_t>(ts.chosen.size());
+  for (int64_t i = 0; i < topk; ++i) dst[i] = i < n ? ts.chosen[i] : -1;
+}
+
+template <typename T>
+void run_indexer(const IndexerProblem& pr, const std::vector<int64_t>& eff, const std::vector<int64_t>& cache) {
+  const int64_t T_ = pr.T, Hi = pr.Hi, Di = pr.Di, topk = pr.topk, BS = kMsaBlockSize;
+  for (int64_t i = 0; i < Hi * T_ * topk; ++i) pr.out[i] = -1;
+  if (topk <= 0) return;
+  const int64_t B = static_cast<int64_t>(cache.size());
+  std::vector<IndexerItem> items;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r0 = eff[b]; r0 < eff[b + 1]; r0 += kRowsPerItem)
+      items.push_back({b, r0, std::min(eff[b + 1], r0 + kRowsPerItem)});
+  const T* kbase = static_cast<const T*>(pr.k);
+  const int64_t s_max = pr.geo.s_max();
+
+  ThreadPool::instance().parallel_for(static_cast<int64_t>(items.size()), [&](int64_t wi) {
+    thread_local IndexerScratch ts;
+    const IndexerItem& it = items[wi];
+    const int32_t* table_row = pr.table + it.b * pr.geo.max_pages;
+    const int64_t c = cache[it.b];
+    const int64_t num_keys = c + (eff[it.b + 1] - eff[it.b]);
+    const int64_t kmax = std::min(num_keys, s_max);
+    const int64_t nr = it.r1 - it.r0;
+    const int64_t p_last = c + (it.r1 - 1 - eff[it.b]);
+    const int64_t key_end = std::min(kmax, p_last + 1);
+    const int64_t nblk = key_end > 0 ? ceil_div(key_end, BS) : 0;
+    ts.q.resize(nr * Hi * Di);
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t h = 0; h < Hi; ++h)
+        for (int64_t d = 0; d < Di; ++d)
+          ts.q[(r * Hi + h) * Di + d] = load_float(pr.q_type, pr.q, ((it.r0 + r) * Hi + h) * Di + d) * pr.scale;
+    ts.kt.resize(Di * BS);
+    ts.s.resize(BS);
+    ts.scores.assign(nr * Hi * std::max<int64_t>(nblk, 1), -INFINITY);
+    ts.eligible.assign(nr * std::max<int64_t>(nblk, 1), 0);
+    for (int64_t j = 0; j < nblk; ++j) {
+      const int64_t page = pr.geo.page_of(table_row, j * BS);
+      if (page < 0) continue;
+      const int64_t k0 = j * BS, k1 = std::min(k0 + BS, key_end);
+      const int64_t n = k1 - k0;
+      if (n <= 0) continue;
+      for (int64_t kk = 0; kk < n; ++kk) {
+        const T* src = kbase + pr.geo.offset(page, 0, kk, 0);
+        for (int64_t d = 0; d < Di; ++d) ts.kt[d * BS + kk] = to_float(src[d]);
+      }
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t pos = c + (it.r0 + r - eff[it.b]);
+        const int64_t cnt = std::min(n, pos + 1 - k0);  // keys k0..k0+cnt-1 are <= pos
+        if (cnt <= 0) continue;
+        ts.eligible[r * nblk + j] = 1;
+        for (int64_t h = 0; h < Hi; ++h) {
+          const float* qv = ts.q.data() + (r * Hi + h) * Di;
+          float* s = ts.s.data();
+          for (int64_t kk = 0; kk < cnt; ++kk) s[kk] = 0.f;
+          for (int64_t d = 0; d < Di; ++d) {
+            const float qd = qv[d];
+            const float* kr = ts.kt.data() + d * BS;
+            for (int64_t kk = 0; kk < cnt; ++kk) s[kk] += qd * kr[kk];
+          }
+          float m = -INFINITY;
+          for (int64_t kk = 0; kk < cnt; ++kk)
+            if (s[kk] > m) m = s[kk];  // NaN scores never win
+          ts.scores[(r * Hi + h) * nblk + j] = m;
+        }
+      }
+    }
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t h = 0; h < Hi; ++h)
+        select_blocks(pr, ts.scores.data() + (r * Hi + h) * nblk, ts.eligible.data() + r * nblk, nblk, ts,
+                      pr.out + (h * T_ + it.r0 + r) * topk);
+  });
+}
+
+Error MsaIndexer(AnyBuffer q, AnyBuffer offsets, AnyBuffer k_blocks, AnyBuffer cache_lengths, AnyBuffer table,
+                 AnyBuffer layer, int64_t topk, int64_t init_blocks, int64_t local_blocks, double scale, AnyResult out) {
+  const char* target = "msa_ops_msa_indexer";
+  auto float_ok = [](DataType t) { return is_attn_float(t) || t == DataType::F8E4M3FN; };
+  if (!float_ok(q.element_type()))
+    return invalid(target, std::string("q: expected bfloat16, float16, float32 or float8_e4m3fn, got ") + dtype_name(q.element_type()));
+  if (!float_ok(k_blocks.element_type()))
+    return invalid(target, std::string("k_blocks: expected bfloat16, float16, float32 or float8_e4m3fn, got ") +
+                               dtype_name(k_blocks.element_type()));
+  if (rank(q) != 3) return invalid(target, "q: expected [T, Hi, Di], got " + dims_str(q));
+  const int64_t T = dim(q, 0), Hi = dim(q, 1), Di = dim(q, 2);
+  if (rank(k_blocks) != 6 || dim(k_blocks, 1) != 1 || dim(k_blocks, 3) != kMsaBlockSize || dim(k_blocks, 4) != 1 ||
+      dim(k_blocks, 5) != Di)
+    return invalid(target, "k_blocks: expected [num_blocks, 1, num_layers, 128, 1, " + std::to_string(Di) + "], got " +
+                               dims_str(k_blocks));
+  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
+  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
+  if (auto e = check_index(target, "k_cache_lengths", cache_lengths, B); e.failure()) return e;
+  if (!is_index_type(table) || rank(table) != 2 || dim(table, 0) != B)
+    return invalid(target, "k_lookup_table: expected int32[" + std::to_string(B) + ", max_pages], got " + dims_str(table));
+  if (auto e = check_index(target, "layer_idx", layer, 1); e.failure()) return e;
+  if (topk < 0 || init_blocks < 0 || local_blocks < 0 || init_blocks + local_blocks > topk)
+    return invalid(target, "topk/init_blocks/local_blocks: expected 0 <= init_blocks + local_blocks <= topk, got " +
+                               std::to_string(topk) + "/" + std::to_string(init_blocks) + "/" + std::to_string(local_blocks));
+  if (out->element_type() != DataType::S32 || static_cast<int64_t>(out->element_count()) != Hi * T * topk)
+    return invalid(target, "out: expected int32[" + std::to_string(Hi) + ", " + std::to_string(T) + ", " +
+                               std::to_string(topk) + "], got " + dims_str(*out));
+  IndexerProblem pr{};
+  pr.q_type = q.element_type();
+  pr.q = q.untyped_data();
+  pr.k = k_blocks.untyped_data();
+  pr.geo = PagedKV{dim(k_blocks, 0), 1, dim(k_blocks, 2), kMsaBlockSize, 1, Di, dim(table, 1), read_i32_scalar(layer)};
+  pr.table = idx(table);
+  pr.T = T;
+  pr.Hi = Hi;
+  pr.Di = Di;
+  pr.topk = topk;
+  pr.init_blocks = init_blocks;
+  pr.local_blocks = local_blocks;
+  pr.scale = static_cast<float>(scale);
+  pr.out = static_cast<int32_t*>(out->untyped_data());
+  std::vector<int64_t> eff(B + 1), cache(B);
+  repair_offsets(idx(offsets), B + 1, T, eff.data());
+  for (int64_t b = 0; b < B; ++b) cache[b] = clamp_cache_length(idx(cache_lengths)[b], pr.geo.s_max());
+  switch (k_blocks.element_type()) {
+    case DataType::F32: run_indexer<float>(pr, eff, cache); break;
+    case DataType::BF16: run_indexer<bf16_t>(pr, eff, cache); break;
+    case DataType::F16: run_indexer<f16_t>(pr, eff, cache); break;
+    default: run_indexer<f8e4m3_t>(pr, eff, cache); break;
+  }
+  return Error::Success();
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace msa_ops
+
+using msa_ops::AnyBuffer;
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_msa_indexer, msa_ops::cpu::MsaIndexer,
+                              ffi::Ffi::Bind()
+                                  .Arg<AnyBuffer>()  // q
+                                  .Arg<AnyBuffer>()  // input_row_offsets
+                                  .Arg<AnyBuffer>()  // k_blocks
+                                  .Arg<AnyBuffer>()  // k_cache_lengths
+                                  .Arg<AnyBuffer>()  // k_lookup_table
+                                  .Arg<AnyBuffer>()  // layer_idx
+                                  .Attr<int64_t>("topk")
+                                  .Attr<int64_t>("init_blocks")
+                                  .Attr<int64_t>("local_blocks")
+                                  .Attr<double>("scale")
+                                  .Ret<AnyBuffer>());

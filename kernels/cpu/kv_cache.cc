@@ -1,0 +1,155 @@
+// CPU handlers: paged KV store (§9), cache row offsets (§10), decode partition count, library info.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention_core.h"
+#include "handler_util.h"
+#include "msa_ops/paged.h"
+#include "thread_pool.h"
+
+#define MSA_OPS_STR_(x) #x
+#define MSA_OPS_STR(x) MSA_OPS_STR_(x)
+
+namespace msa_ops {
+namespace cpu {
+namespace {
+
+Error KvCacheStore(AnyBuffer kv, AnyBuffer k, AnyBuffer v, AnyBuffer offsets, AnyBuffer cache_lengths, AnyBuffer table,
+                   AnyBuffer layer, AnyResult out) {
+  const char* target = "msa_ops_kv_cache_store";
+  if (rank(kv) != 6)
+    return invalid(target, "kv_blocks: expected [num_blocks, 2, num_layers, page_size, n_kv_heads, head_dim], got " +
+                               dims_str(kv));
+  if (out->element_type() != kv.element_type() || dims_str(*out) != dims_str(kv))
+    return invalid(target, "result: expected kv_blocks' dtype and shape " + dims_str(kv));
+  const int64_t Hkv = dim(kv, 4), D = dim(kv, 5), P = dim(kv, 3);
+  if (k.element_type() != kv.element_type() || v.element_type() != kv.element_type())
+    return invalid(target, std::string("k, v: expected kv_blocks' dtype ") + dtype_name(kv.element_type()));
+  if (rank(k) != 3 || dim(k, 1) != Hkv || dim(k, 2) != D)
+    return invalid(target, "k: expected [T, " + std::to_string(Hkv) + ", " + std::to_string(D) + "], got " + dims_str(k));
+  if (dims_str(v) != dims_str(k)) return invalid(target, "v: expected k's shape " + dims_str(k) + ", got " + dims_str(v));
+  const int64_t T = dim(k, 0);
+  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
+  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
+  if (auto e = check_index(target, "cache_lengths", cache_lengths, B); e.failure()) return e;
+  if (!is_index_type(table) || rank(table) != 2 || dim(table, 0) != B)
+    return invalid(target, "kv_lookup_table: expected int32[" + std::to_string(B) + ", max_pages], got " + dims_str(table));
+  if (auto e = check_index(target, "layer_idx", layer, 1); e.failure()) return e;
+
+  const size_t bytes = kv.size_bytes();
+  char* dst = static_cast<char*>(out->untyped_data());
+  if (dst != kv.untyped_data() && bytes > 0) std::memcpy(dst, kv.untyped_data(), bytes);
+  if (P <= 0 || dim(kv, 1) != 2) return invalid(target, "kv_blocks: expected 2 (K, V) in dimension 1 and page_size > 0");
+
+  const PagedKV geo{dim(kv, 0), 2, dim(kv, 2), P, Hkv, D, dim(table, 1), read_i32_scalar(layer)};
+  std::vector<int64_t> eff(B + 1);
+  repair_offsets(idx(offsets), B + 1, T, eff.data());
+  const size_t esize = ffi::ByteWidth(kv.element_type());
+  const size_t row_bytes = static_cast<size_t>(Hkv * D) * esize;
+  const char* ks = static_cast<const char*>(k.untyped_data());
+  const char* vs = static_cast<const char*>(v.untyped_data());
+  const int32_t* cl = idx(cache_lengths);
+  const int32_t* tab = idx(table);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* row = tab + b * geo.max_pages;
+    for (int64_t t = eff[b]; t < eff[b + 1]; ++t) {
+      const int64_t pos = store_position(cl[b], t - eff[b]);
+      const int64_t page = geo.page_of(row, pos);
+      if (page < 0) continue;
+      const int64_t slot = pos % P;
+      std::memcpy(dst + geo.offset(page, 0, slot, 0) * esize, ks + t * row_bytes, row_bytes);
+      std::memcpy(dst + geo.offset(page, 1, slot, 0) * esize, vs + t * row_bytes, row_bytes);
+    }
+  }
+  return Error::Success();
+}
+
+Error KvCacheRowOffsets(AnyBuffer offsets, AnyBuffer cache_lengths, AnyResult out) {
+  const char* target = "msa_ops_kv_cache_row_offsets";
+  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
+  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
+  if (auto e = check_index(target, "cache_lengths", cache_lengths, B); e.failure()) return e;
+  if (!is_index_type(*out) || static_cast<int64_t>(out->element_count()) != B + 1)
+    return invalid(target, "out: expected int32[" + std::to_string(B + 1) + "], got " + dims_str(*out));
+  // No query-row count is given to this op: offsets are repaired without the upper clamp (T = +inf).
+  std::vector<int64_t> eff(B + 1);
+  repair_offsets(idx(offsets), B + 1, INT64_MAX, eff.data());
+  const int32_t* cl = idx(cache_lengths);
+  int32_t* o = static_cast<int32_t*>(out->untyped_data());
+  uint32_t acc = 0;  // int32 arithmetic wraps (defined via uint32)
+  o[0] = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    acc += static_cast<uint32_t>(std::max<int32_t>(0, cl[b])) + static_cast<uint32_t>(eff[b + 1] - eff[b]);
+    o[b + 1] = static_cast<int32_t>(acc);
+  }
+  return Error::Success();
+}
+
+Error GetNumPartitions(AnyBuffer batch, AnyBuffer max_len, int64_t n_kv_heads, int64_t sm_count, AnyResult out) {
+  const char* target = "msa_ops_get_num_partitions";
+  if (auto e = check_index(target, "batch", batch, 1); e.failure()) return e;
+  if (auto e = check_index(target, "max_cache_valid_length", max_len, 1); e.failure()) return e;
+  if (!is_index_type(*out) || out->element_count() != 1) return invalid(target, "out: expected int32[]");
+  const int64_t denom = std::max<int64_t>(1, static_cast<int64_t>(read_i32_scalar(batch)) * std::max<int64_t>(n_kv_heads, 0));
+  const int64_t by_sm = iclamp(floor_div(sm_count, denom), 1, 32);
+  const int64_t by_len = std::max<int64_t>(1, floor_div(read_i32_scalar(max_len), 512));
+  *static_cast<int32_t*>(out->untyped_data()) = static_cast<int32_t>(std::min(by_sm, by_len));
+  return Error::Success();
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace msa_ops
+
+using msa_ops::AnyBuffer;
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_kv_cache_store, msa_ops::cpu::KvCacheStore,
+                              ffi::Ffi::Bind()
+                                  .Arg<AnyBuffer>()  // kv_blocks
+                                  .Arg<AnyBuffer>()  // k
+                                  .Arg<AnyBuffer>()  // v
+                                  .Arg<AnyBuffer>()  // input_row_offsets
+                                  .Arg<AnyBuffer>()  // cache_lengths
+                                  .Arg<AnyBuffer>()  // kv_lookup_table
+                                  .Arg<AnyBuffer>()  // layer_idx
+                                  .Ret<AnyBuffer>());  // kv_blocks (aliases operand 0)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_kv_cache_row_offsets, msa_ops::cpu::KvCacheRowOffsets,
+                              ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_get_num_partitions, msa_ops::cpu::GetNumPartitions,
+                              ffi::Ffi::Bind()
+                                  .Arg<AnyBuffer>()  // batch
+                                  .Arg<AnyBuffer>()  // max_cache_valid_length
+                                  .Attr<int64_t>("n_kv_heads")
+                                  .Attr<int64_t>("sm_count")
+                                  .Ret<AnyBuffer>());
+
+extern "C" {
+__attribute__((visibility("default"))) const char* msa_ops_library_version() { return MSA_OPS_VERSION_STRING; }
+__attribute__((visibility("default"))) const char* msa_ops_library_platform() { return "cpu"; }
+// XLA FFI C API version the library was compiled against ("major.minor").
+__attribute__((visibility("default"))) const char* msa_ops_library_ffi_api_version() {
+  return MSA_OPS_STR(XLA_FFI_API_MAJOR) "." MSA_OPS_STR(XLA_FFI_API_MINOR);
+}
+// For the CPU library: the ISA the attention tile loop runs with on this machine.
+__attribute__((visibility("default"))) const char* msa_ops_library_archs() {
+  static const std::string s = std::string(
+#if defined(__x86_64__)
+                                   "x86-64;"
+#elif defined(__aarch64__)
+                                   "aarch64;"
+#else
+                                   "cpu;"
+#endif
+                                   ) +
+                               msa_ops::cpu::attend_isa();
+  return s.c_str();
+}
+__attribute__((visibility("default"))) int msa_ops_library_num_threads() {
+  return msa_ops::cpu::ThreadPool::instance().num_threads();
+}
+}
