@@ -1,0 +1,193 @@
+"""Dense MHA on the GPU: our CUDA kernels vs cuDNN (jax.nn.dot_product_attention) and XLA, same process.
+
+Decode (BENCH.md): bf16, Hq=32, Hkv=8, D=128, paged (page 128 and 16) for ours, contiguous for the peers;
+GB/s = bytes of K and V read once / time. Prefill: bf16, D=128, H=16, B*S=16384, causal and not; TFLOP/s =
+4*B*S^2*H*D (half for causal) / time. Prints markdown tables, writes gpu_mha.json (+ .md) into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import msa_ops
+
+BF = jnp.bfloat16
+
+
+def bench(fn, args, iters=20, repeats=5):
+    out = fn(*args)
+    jax.block_until_ready(out)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        ts.append((time.perf_counter() - t0) / iters)
+    return float(np.median(ts))
+
+
+def rel_err(a, b):
+    a = np.asarray(a, np.float32).astype(np.float64)
+    b = np.asarray(b, np.float32).astype(np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def paged_from_contiguous(k, v, page, rng):
+    """k, v [B, L, Hkv, D] -> kv_blocks [NB, 2, 1, page, Hkv, D] with shuffled pages, lut [B, MP]."""
+    b, l, hkv, d = k.shape
+    mp = -(-l // page)
+    nb = b * mp
+    perm = jnp.asarray(rng.permutation(nb), jnp.int32)
+    pad = mp * page - l
+    kp = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * mp, page, hkv, d)
+    vp = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * mp, page, hkv, d)
+    kv = jnp.zeros((nb, 2, 1, page, hkv, d), k.dtype)
+    kv = kv.at[perm, 0, 0].set(kp).at[perm, 1, 0].set(vp)
+    lut = perm.reshape(b, mp)
+    return kv, lut
+
+
+def decode_case(b, l, page, rng, h=32, hkv=8, d=128):
+    key = jax.random.PRNGKey(b * 1000 + l)
+    k1, k2, k3 = jax.random.split(key, 3)
+    q = jax.random.normal(k1, (b, 1, h, d), BF)
+    k = jax.random.normal(k2, (b, l, hkv, d), BF)
+    v = jax.random.normal(k3, (b, l, hkv, d), BF)
+    kv, lut = paged_from_contiguous(k, v, page, rng)
+    del k1, k2, k3
+    return q, k, v, kv, lut
+
+
+def run_decode(rows, results, rng):
+    for (b, l) in [(64, 4096), (16, 16384), (4, 65536), (1, 131072)]:
+        for page in (128, 16):
+            q, k, v, kv, lut = decode_case(b, l, page, rng)
+            offs = jnp.arange(b + 1, dtype=jnp.int32)
+            cl = jnp.full((b,), l - 1, jnp.int32)  # the new token is already in the cache: l keys
+            qr = q.reshape(b, 32, 128)
+            ours = jax.jit(lambda qr, kv, lut, offs=offs, cl=cl: msa_ops.mha_ragged_paged(
+                qr, offs, kv, cl, lut, 0, mask_str="causal", implementation="native"))
+            cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))
+            xla = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"))
+            byts = 2 * b * l * 8 * 128 * 2
+            r = {"kind": "decode", "B": b, "L": l, "page": page}
+            o_ours = ours(qr, kv, lut)
+            o_cud = cud(q, k, v)
+            r["err_vs_cudnn"] = rel_err(o_ours, o_cud.reshape(b, 32, 128))
+            r["plan"] = msa_ops.plan("mo.mha.ragged.paged", qr, offs, kv, cl, lut, 0, mask_str="causal").num_partitions
+            for name, fn, args in (("ours", ours, (qr, kv, lut)), ("cudnn", cud, (q, k, v)), ("xla", xla, (q, k, v))):
+                if name != "ours" and page != 128:
+                    r[name + "_gbs"] = results.get(("decode", b, l, name))
+                    continue
+                try:
+                    t = bench(fn, args)
+                    r[name + "_gbs"] = byts / t / 1e9
+                    results[("decode", b, l, name)] = r[name + "_gbs"]
+                except Exception as e:  # noqa: BLE001 - a peer may not run at a shape; report, go on
+                    r[name + "_gbs"] = None
+                    r[name + "_error"] = str(e)[:200]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            del q, k, v, kv, lut
+
+
+def run_prefill(rows, rng):
+    h, d, total = 16, 128, 16384
+    for s in (512, 2048, 8192):
+        b = total // s
+        key = jax.random.PRNGKey(s)
+        k1, k2, k3 = jax.random.split(key, 3)
+        q = jax.random.normal(k1, (b, s, h, d), BF)
+        k = jax.random.normal(k2, (b, s, h, d), BF)
+        v = jax.random.normal(k3, (b, s, h, d), BF)
+        offs = jnp.arange(b + 1, dtype=jnp.int32) * s
+        kv, lut = paged_from_contiguous(k, v, 128, rng)
+        cl0 = jnp.zeros((b,), jnp.int32)
+        for causal in (False, True):
+            mask = "causal" if causal else "null"
+            flops = 4 * b * s * s * h * d * (0.5 if causal else 1.0)
+            ours_c = jax.jit(lambda q, k, v, m=mask, offs=offs: msa_ops.mha_ragged_no_cache(
+                q.reshape(-1, h, d), k.reshape(-1, h, d), v.reshape(-1, h, d), offs, mask_str=m,
+                implementation="native"))
+            ours_p = jax.jit(lambda q, kv, lut, m=mask, offs=offs, cl0=cl0: msa_ops.mha_ragged_paged(
+                q.reshape(-1, h, d), offs, kv, cl0, lut, 0, mask_str=m, implementation="native"))
+            cud = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(q, k, v, is_causal=c,
+                                                                                 implementation="cudnn"))
+            xla = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(q, k, v, is_causal=c,
+                                                                               implementation="xla"))
+            r = {"kind": "prefill", "S": s, "B": b, "causal": causal}
+            ref = cud(q, k, v).reshape(-1, h, d)
+            r["err_contig_vs_cudnn"] = rel_err(ours_c(q, k, v), ref)
+            r["err_paged_vs_cudnn"] = rel_err(ours_p(q, kv, lut), ref)
+            for name, fn, args in (("ours_contig", ours_c, (q, k, v)), ("ours_paged", ours_p, (q, kv, lut)),
+                                   ("cudnn", cud, (q, k, v)), ("xla", xla, (q, k, v))):
+                try:
+                    r[name + "_tflops"] = flops / bench(fn, args, iters=10, repeats=3) / 1e12
+                except Exception as e:  # noqa: BLE001
+                    r[name + "_tflops"] = None
+                    r[name + "_error"] = str(e)[:200]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+
+
+def fmt(x, nd=0):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def ratio(a, b):
+    return "—" if a is None or b is None else f"{a / b:.2f}x"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--only", choices=["decode", "prefill"], default=None)
+    a = ap.parse_args()
+    rng = np.random.default_rng(0)
+    rows, results = [], {}
+    dev = jax.devices()[0]
+    print(f"device {dev.device_kind}, jax {jax.__version__}", flush=True)
+    if a.only in (None, "decode"):
+        run_decode(rows, results, rng)
+    if a.only in (None, "prefill"):
+        run_prefill(rows, rng)
+    md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", ""]
+    dec = [r for r in rows if r["kind"] == "decode"]
+    if dec:
+        md += ["## Decode, bf16, Hq=32, Hkv=8, D=128 (GB/s of K+V)", "",
+               "| B | L | page | partitions | ours | cuDNN | XLA | ours/cuDNN | rel.err vs cuDNN |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in dec:
+            md.append(f"| {r['B']} | {r['L']} | {r['page']} | {r['plan']} | {fmt(r.get('ours_gbs'))} | "
+                      f"{fmt(r.get('cudnn_gbs'))} | {fmt(r.get('xla_gbs'))} | "
+                      f"{ratio(r.get('ours_gbs'), r.get('cudnn_gbs'))} | {r['err_vs_cudnn']:.1e} |")
+    pre = [r for r in rows if r["kind"] == "prefill"]
+    if pre:
+        md += ["", "## Prefill, bf16, D=128, H=16, B*S=16384 (TFLOP/s)", "",
+               "| S | causal | ours contiguous | ours paged | cuDNN | XLA | ours/cuDNN | paged/contig |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in pre:
+            md.append(f"| {r['S']} | {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | "
+                      f"{fmt(r.get('ours_paged_tflops'))} | {fmt(r.get('cudnn_tflops'))} | "
+                      f"{fmt(r.get('xla_tflops'))} | "
+                      f"{ratio(r.get('ours_contig_tflops'), r.get('cudnn_tflops'))} | "
+                      f"{ratio(r.get('ours_paged_tflops'), r.get('ours_contig_tflops'))} |")
+    text = "\n".join(md)
+    print(text)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "gpu_mha.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    with open(os.path.join(a.out, "gpu_mha.md"), "w") as fh:
+        fh.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

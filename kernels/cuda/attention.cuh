@@ -1,0 +1,610 @@
+// Flash attention over a paged or contiguous KV cache, for prefill, decode and mixed batches.
+//
+// One kernel template serves every dense mo.mha.* op. A CTA owns one query tile of one sequence and one kv
+// head: its rows are (token, query head of the kv head's group) pairs, packed token-major, so decode packs the
+// group's heads into one MMA tile. Keys stream through shared memory in BLOCK_N tiles with a cp.async pipeline;
+// Q K^T and P V run on mma.sync (m16n8k16, bf16 or f16, f32 accumulation) with an online softmax in log2 units.
+// Four warps split the tile either along rows (BLOCK_M = 64: prefill) or along keys (BLOCK_M = 16: decode;
+// the warps' partial softmax states are merged in shared memory at the end). gridDim.z splits the key range
+// into partitions (split-K, SEMANTICS.md §6); the partials are merged by attention_epilogue_kernel.
+// Windowed and chunked masks shrink the key range of a tile instead of masking it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "msa_ops/common.h"
+#include "msa_ops/mask.h"
+
+namespace msa_ops {
+namespace cuda {
+
+enum KvMode : int { kKvPaged = 0, kKvRagged = 1, kKvPadded = 2 };
+enum QMode : int { kQRagged = 0, kQPadded = 1 };
+
+struct AttentionArgs {
+  const void* q;  // [rows, H, D]
+  void* out;      // [rows, H, D]
+  int q_mode;
+  int total_rows;  // T (ragged) or B*S (padded)
+  int seq_rows;    // S (padded)
+  int batch;
+  const int32_t* q_offsets;      // ragged: [B+1]
+  const int32_t* valid_lengths;  // padded: [B]
+  int H, Hkv, group;
+  // keys
+  int kv_mode;
+  const int32_t* cache_lengths;  // paged: [B]
+  const void* kv_blocks;         // paged: [NB, 2, L, P, Hkv, D]
+  const int32_t* lookup;         // paged: [B, MP]
+  const int32_t* layer_ptr;      // paged: scalar
+  int num_blocks, num_layers, page_size, max_pages;
+  const void* k;  // contiguous: [Tk, Hkv, D] or [B, Sk, Hkv, D]
+  const void* v;
+  const int32_t* kv_offsets;  // ragged contiguous: [B+1]
+  int total_keys;             // Tk or Sk
+  // attributes
+  int mask;
+  int window;
+  float scale_log2;  // scale * log2(e)
+  const void* sink;  // [H] or null
+  int num_partitions;
+  int split_block_n;
+  float* ws_o;    // [NP, rows, H, D]
+  float* ws_lse;  // [NP, rows, H]
+};
+
+// ------------------------------------------------------------------------------------------------ helpers
+
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Shared-memory tile of ROWS x D 16-bit elements, 16-byte chunks XOR-swizzled by row so that ldmatrix reads
+// of 8 rows at one column hit 8 different bank groups.
+template <int D>
+struct SwizzledTile {
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static __device__ __forceinline__ int offset(int row, int chunk) {  // in elements
+    return row * D + ((chunk ^ (row & 7)) * 8);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ sequences
+
+struct SeqTile {
+  int b;          // sequence
+  int row0;       // first packed row of this tile within the sequence (packed row = token * group + g)
+  int n_q;        // query tokens of the sequence
+  int q_base;     // query row index (into q's leading dims flattened) of token 0
+  int64_t pos0;   // position of token 0
+  int64_t n_keys; // keys of the sequence (existing ones are < kmax)
+  int64_t kmax;   // upper bound of existing keys
+  int kv_base;    // contiguous modes: first key row of the sequence
+};
+
+// Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile).
+template <int BLOCK_M>
+__device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
+  SeqTile st;
+  st.b = -1;
+  const int group = a.group;
+  if (a.q_mode == kQPadded) {
+    const int per_seq = (a.seq_rows * group + BLOCK_M - 1) / BLOCK_M;
+    const int b = tile / per_seq;
+    if (b >= a.batch) return st;
+    const int n_q = static_cast<int>(iclamp(a.valid_lengths[b], 0, a.seq_rows));
+    st.row0 = (tile % per_seq) * BLOCK_M;
+    if (st.row0 >= n_q * group) return st;
+    st.b = b;
+    st.n_q = n_q;
+    st.q_base = b * a.seq_rows;
+  } else {
+    // Repaired offsets (running max, clamped to [0, T]); tiles are numbered sequence by sequence.
+    int64_t run = imin(imax(0, a.q_offsets[0]), a.total_rows);
+    int first = 0;
+    for (int b = 0; b < a.batch; ++b) {
+      const int64_t next = imin(imax(run, static_cast<int64_t>(a.q_offsets[b + 1])), a.total_rows);
+      const int n = static_cast<int>(next - run);
+      const int tiles = (n * group + BLOCK_M - 1) / BLOCK_M;
+      if (tile < first + tiles) {
+        st.b = b;
+        st.n_q = n;
+        st.q_base = static_cast<int>(run);
+        st.row0 = (tile - first) * BLOCK_M;
+        break;
+      }
+      first += tiles;
+      run = next;
+    }
+    if (st.b < 0) return st;
+  }
+  const int b = st.b;
+  if (a.kv_mode == kKvPaged) {
+    const int64_t s_max = static_cast<int64_t>(a.max_pages) * a.page_size;
+    const int64_t c = iclamp(a.cache_lengths[b], 0, s_max);
+    st.pos0 = c;
+    st.n_keys = c + st.n_q;
+    st.kmax = imin(st.n_keys, s_max);
+    st.kv_base = 0;
+  } else if (a.kv_mode == kKvRagged) {
+    int64_t run = imin(imax(0, a.kv_offsets[0]), a.total_keys);
+    for (int j = 0; j < b; ++j) run = imin(imax(run, static_cast<int64_t>(a.kv_offsets[j + 1])), a.total_keys);
+    const int64_t next = imin(imax(run, static_cast<int64_t>(a.kv_offsets[b + 1])), a.total_keys);
+    st.kv_base = static_cast<int>(run);
+    st.n_keys = next - run;
+    st.kmax = st.n_keys;
+    st.pos0 = st.n_keys - st.n_q;
+  } else {
+    const int64_t nk = iclamp(a.valid_lengths[b], 0, a.total_keys);
+    st.kv_base = b * a.total_keys;
+    st.n_keys = nk;
+    st.kmax = nk;
+    st.pos0 = nk - st.n_q;
+  }
+  return st;
+}
+
+// ------------------------------------------------------------------------------------------------ kernel
+
+template <typename T, int D, int BLOCK_M, int STAGES>
+struct AttentionConfig {
+  static constexpr int kThreads = 128;
+  static constexpr int kWarps = 4;
+  static constexpr int kBlockN = 64;
+  static constexpr int kWarpsM = BLOCK_M / 16;      // warps along rows
+  static constexpr int kWarpsN = kWarps / kWarpsM;  // warps along keys
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;
+  static constexpr int kKvTileElems = kBlockN * D;
+  static constexpr int kSmemQ = BLOCK_M * D * 2;
+  static constexpr int kSmemKv = STAGES * 2 * kKvTileElems * 2;
+  static constexpr int kSmemValid = STAGES * kBlockN * 4;
+  static constexpr int kSmemMerge = kWarpsN > 1 ? kWarps * (16 * D + 32) * 4 : 0;
+  static constexpr int kSmemBytes =
+      kSmemQ + (kSmemKv + kSmemValid > kSmemMerge ? kSmemKv + kSmemValid : kSmemMerge);
+  static_assert(kWarpsM * kWarpsN == kWarps, "warp layout");
+  static_assert(kWarpKeys % 16 == 0, "each warp handles whole 16-key MMA steps");
+};
+
+template <typename T, int D, int BLOCK_M, int STAGES>
+__global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
+  using Cfg = AttentionConfig<T, D, BLOCK_M, STAGES>;
+  using M = Mma<T>;
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int NB_WARP = Cfg::kWarpKeys / 8;  // 8-key MMA column blocks per warp
+  constexpr int ND = D / 8;                    // 8-wide output column blocks
+  constexpr int KD = D / 16;                   // 16-deep k steps over D
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sKV = reinterpret_cast<T*>(smem_raw + Cfg::kSmemQ);
+  int* sValid = reinterpret_cast<int*>(smem_raw + Cfg::kSmemQ + Cfg::kSmemKv);
+
+  const SeqTile st = locate_tile<BLOCK_M>(a, blockIdx.x);
+  if (st.b < 0) return;
+  const int hkv = blockIdx.y;
+  const int part = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp % Cfg::kWarpsM;
+  const int warp_n = warp / Cfg::kWarpsM;
+  const int group = a.group;
+  const T* q = static_cast<const T*>(a.q);
+
+  // Rows of this tile: packed r in [row0, row0 + BLOCK_M): token r / group, head hkv * group + r % group.
+  const int rows_seq = st.n_q * group;
+  const int row_end = min(st.row0 + BLOCK_M, rows_seq);
+  const int64_t p_first = st.pos0 + st.row0 / group;
+  const int64_t p_last = st.pos0 + (row_end - 1) / group;
+
+  // Key range of the tile (union of its rows' intervals; each bound is monotone in the position).
+  const KeyInterval iv_first = visible_keys(a.mask, a.window, p_first, st.kmax);
+  const KeyInterval iv_last = visible_keys(a.mask, a.window, p_last, st.kmax);
+  int64_t k_lo = iv_first.lo, k_hi = iv_last.hi;
+  // Split-K partition of the sequence's keys.
+  if (a.num_partitions > 1) {
+    const int64_t n = st.n_keys;
+    const int64_t per = n > 0 ? ceil_div(n, a.num_partitions) : 0;
+    const int64_t s = imax(a.split_block_n, align_up(per, a.split_block_n));
+    k_lo = imax(k_lo, imin(n, part * s));
+    k_hi = imin(k_hi, imin(n, (part + 1) * s));
+  }
+  const int tile_first = k_hi > k_lo ? static_cast<int>(k_lo / BN) : 0;
+  const int tile_last = k_hi > k_lo ? static_cast<int>((k_hi + BN - 1) / BN) : 0;  // exclusive
+  const int num_tiles = tile_last - tile_first;
+
+  // ---- load Q (zero rows past the sequence) into swizzled shared memory
+  for (int c = tid; c < BLOCK_M * (D / 8); c += Cfg::kThreads) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    const int pr = st.row0 + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (pr < rows_seq) {
+      const int64_t qrow = st.q_base + pr / group;
+      const int h = hkv * group + pr % group;
+      val = *reinterpret_cast<const uint4*>(q + (qrow * a.H + h) * D + ch * 8);
+    }
+    *reinterpret_cast<uint4*>(sQ + SwizzledTile<D>::offset(r, ch)) = val;
+  }
+
+  // ---- K/V tile loader
+  const int32_t* lut_row = nullptr;
+  int layer = 0;
+  bool layer_ok = true;
+  if (a.kv_mode == kKvPaged) {
+    lut_row = a.lookup + static_cast<int64_t>(st.b) * a.max_pages;
+    layer = *a.layer_ptr;
+    layer_ok = layer >= 0 && layer < a.num_layers;
+  }
+  const T* kvb = static_cast<const T*>(a.kv_blocks);
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
+  const int64_t page_stride_kv = static_cast<int64_t>(a.num_layers) * a.page_size * a.Hkv * D;  // K -> V
+  auto load_tile = [&](int tile, int stage) {
+    T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
+    T* sV = sK + Cfg::kKvTileElems;
+    const int key0 = tile * BN;
+    // Each thread moves 16-byte chunks; a chunk's key is chunk / (D/8).
+    for (int c = tid; c < BN * (D / 8); c += Cfg::kThreads) {
+      const int kr = c / (D / 8), ch = c % (D / 8);
+      const int64_t key = key0 + kr;
+      bool ok = key < st.kmax;
+      const T* srcK = kvb;
+      const T* srcV = kvb;
+      if (a.kv_mode == kKvPaged) {
+        int64_t page = ok ? lut_row[key / a.page_size] : -1;
+        ok = ok && layer_ok && page >= 0 && page < a.num_blocks;
+        if (ok) {
+          const int64_t base =
+              (((page * 2) * a.num_layers + layer) * a.page_size + key % a.page_size) * a.Hkv * D +
+              static_cast<int64_t>(hkv) * D + ch * 8;
+          srcK = kvb + base;
+          srcV = kvb + base + page_stride_kv;
+        }
+      } else if (ok) {
+        const int64_t base = (static_cast<int64_t>(st.kv_base) + key) * a.Hkv * D + hkv * D + ch * 8;
+        srcK = kc + base;
+        srcV = vc + base;
+      }
+      const int off = SwizzledTile<D>::offset(kr, ch);
+      cp_async16(smem_addr(sK + off), srcK, ok);
+      cp_async16(smem_addr(sV + off), srcV, ok);
+      if (ch == 0) sValid[stage * BN + kr] = ok ? 1 : 0;
+    }
+  };
+
+  // Prologue: STAGES-1 tiles in flight.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < num_tiles) load_tile(tile_first + s, s);
+    cp_async_commit();
+  }
+  __syncthreads();  // sQ visible
+
+  // Q fragments of this warp's 16 rows, kept in registers.
+  uint32_t qf[KD][4];
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    const int r = warp_m * 16 + (lane % 16);
+    const int ch = kk * 2 + lane / 16;
+    ldmatrix_x4(qf[kk], smem_addr(sQ + SwizzledTile<D>::offset(r, ch)));
+  }
+
+  // Per-thread state: rows lane/4 and lane/4 + 8 of the warp's 16 rows.
+  float o[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  int64_t row_lo[2], row_hi[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pr = st.row0 + warp_m * 16 + lane / 4 + i * 8;
+    if (pr < rows_seq) {
+      const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
+      row_lo[i] = imax(iv.lo, k_lo);
+      row_hi[i] = imin(iv.hi, k_hi);
+    } else {
+      row_lo[i] = 0;
+      row_hi[i] = 0;
+    }
+  }
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int tile = tile_first + it;
+    const int stage = it % STAGES;
+    // Issue the load STAGES-1 ahead, then wait for this tile.
+    {
+      const int nxt = it + STAGES - 1;
+      if (nxt < num_tiles) load_tile(tile_first + nxt, nxt % STAGES);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
+    const T* sV = sK + Cfg::kKvTileElems;
+    const int* valid = sValid + stage * BN;
+    const int key_w0 = warp_n * Cfg::kWarpKeys;  // first key of this warp within the tile
+
+    // S = Q K^T for this warp's keys.
+    float s[NB_WARP][4];
+#pragma unroll
+    for (int j = 0; j < NB_WARP; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+#pragma unroll
+      for (int j = 0; j < NB_WARP; j += 2) {
+        uint32_t kf[4];
+        const int mtx = lane / 8, r8 = lane % 8;
+        const int key = key_w0 + j * 8 + r8 + (mtx / 2) * 8;
+        const int ch = kk * 2 + (mtx % 2);
+        ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<D>::offset(key, ch)));
+        M::run(s[j], qf[kk], kf);
+        M::run(s[j + 1], qf[kk], kf + 2);
+      }
+    }
+    // Mask (keys that do not exist, or fall outside the row's interval), then the online softmax.
+    const int64_t key_base = static_cast<int64_t>(tile) * BN + key_w0;
+    float m_new[2] = {m_run[0], m_run[1]};
+#pragma unroll
+    for (int j = 0; j < NB_WARP; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const int kl = key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
+        const int64_t key = key_base + j * 8 + (lane % 4) * 2 + (e % 2);
+        const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
+        s[j][e] = vis ? s[j][e] * a.scale_log2 : -INFINITY;
+        m_new[i] = fmaxf(m_new[i], s[j][e]);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+      corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
+      m_run[i] = m_new[i];
+      l_run[i] *= corr[i];
+    }
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      o[j][0] *= corr[0];
+      o[j][1] *= corr[0];
+      o[j][2] *= corr[1];
+      o[j][3] *= corr[1];
+    }
+    uint32_t pf[NB_WARP / 2][4];
+#pragma unroll
+    for (int j = 0; j < NB_WARP; ++j) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        p[e] = m_run[i] == -INFINITY ? 0.f : exp2f(s[j][e] - m_run[i]);
+        l_run[i] += p[e];
+      }
+      pf[j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
+      pf[j / 2][(j % 2) * 2 + 1] = M::pack(p[2], p[3]);
+    }
+    // O += P V over this warp's keys (k steps of 16 keys).
+#pragma unroll
+    for (int ks = 0; ks < NB_WARP / 2; ++ks) {
+      // A fragment order: (row, k 0-7), (row+8, k 0-7), (row, k 8-15), (row+8, k 8-15)
+      uint32_t af[4] = {pf[ks][0], pf[ks][1], pf[ks][2], pf[ks][3]};
+#pragma unroll
+      for (int jd = 0; jd < ND; jd += 2) {
+        uint32_t vf[4];
+        const int mtx = lane / 8, r8 = lane % 8;
+        const int key = key_w0 + ks * 16 + r8 + (mtx % 2) * 8;
+        const int ch = jd + (mtx / 2);
+        ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<D>::offset(key, ch)));
+        M::run(o[jd], af, vf);
+        M::run(o[jd + 1], af, vf + 2);
+      }
+    }
+    __syncthreads();  // the stage is free for the next load
+  }
+  cp_async_wait<0>();
+
+  // Row sums over the quad.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
+  }
+
+  // Merge the key-split warps (decode layout) through shared memory.
+  if constexpr (Cfg::kWarpsN > 1) {
+    __syncthreads();
+    float* mo = reinterpret_cast<float*>(smem_raw + Cfg::kSmemQ);  // [warps][16][D]
+    float* ml = mo + Cfg::kWarps * 16 * D;                         // [warps][16][2] (m, l)
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = lane / 4 + (e / 2) * 8;
+        const int col = j * 8 + (lane % 4) * 2 + (e % 2);
+        mo[(warp * 16 + r) * D + col] = o[j][e];
+      }
+    }
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = lane / 4 + i * 8;
+        ml[(warp * 16 + r) * 2 + 0] = m_run[i];
+        ml[(warp * 16 + r) * 2 + 1] = l_run[i];
+      }
+    }
+    __syncthreads();
+    // Warp 0 owns the merged state (the only warp along rows: BLOCK_M == 16).
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = lane / 4 + i * 8;
+      float mt = -INFINITY;
+      for (int w = 0; w < Cfg::kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
+      float lt = 0.f;
+      float f[Cfg::kWarps];
+      for (int w = 0; w < Cfg::kWarps; ++w) {
+        const float mw = ml[(w * 16 + r) * 2];
+        f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
+        lt += f[w] * ml[(w * 16 + r) * 2 + 1];
+      }
+      m_run[i] = mt;
+      l_run[i] = lt;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int col = j * 8 + (lane % 4) * 2 + e2;
+          float acc = 0.f;
+          for (int w = 0; w < Cfg::kWarps; ++w) acc += f[w] * mo[(w * 16 + r) * D + col];
+          o[j][i * 2 + e2] = acc;
+        }
+      }
+    }
+  }
+
+  // Epilogue: final output (one partition) or the partition's normalized partial and its log2-sum-exp.
+  T* out = static_cast<T*>(a.out);
+  const T* sink = static_cast<const T*>(a.sink);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pr = st.row0 + warp_m * 16 + lane / 4 + i * 8;
+    if (pr >= rows_seq) continue;
+    const int64_t qrow = st.q_base + pr / group;
+    const int h = hkv * group + pr % group;
+    const bool any = l_run[i] > 0.f;
+    if (a.num_partitions <= 1) {
+      float den = l_run[i];
+      if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m_run[i]);
+      const float inv = any ? 1.f / den : 0.f;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        const uint32_t packed = M::pack(o[j][i * 2] * inv, o[j][i * 2 + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + (qrow * a.H + h) * D + col) = packed;
+      }
+    } else {
+      const float inv = any ? 1.f / l_run[i] : 0.f;
+      const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(a.ws_o + ws_row * D + col) = make_float2(o[j][i * 2] * inv, o[j][i * 2 + 1] * inv);
+      }
+      if (lane % 4 == 0) a.ws_lse[ws_row] = any ? m_run[i] + log2f(l_run[i]) : -INFINITY;
+    }
+  }
+}
+
+// Rows owned by no sequence output 0; with split-K, owned rows merge their partitions (log2 space) and the
+// sink enters once. One block per query row.
+template <typename T, int D>
+__global__ void attention_epilogue_kernel(const AttentionArgs a) {
+  using M = Mma<T>;
+  const int t = blockIdx.x;
+  __shared__ int owned_s;
+  __shared__ float scale_s[64 * 1];  // unused placeholder to keep alignment simple
+  (void)scale_s;
+  if (threadIdx.x == 0) {
+    bool owned;
+    if (a.q_mode == kQPadded) {
+      const int b = t / a.seq_rows, i = t % a.seq_rows;
+      owned = i < iclamp(a.valid_lengths[b], 0, a.seq_rows);
+    } else {
+      int64_t lo = imin(imax(0, a.q_offsets[0]), a.total_rows);
+      int64_t hi = lo;
+      for (int b = 0; b < a.batch; ++b) hi = imax(hi, static_cast<int64_t>(a.q_offsets[b + 1]));
+      hi = imin(hi, a.total_rows);
+      owned = t >= lo && t < hi;
+    }
+    owned_s = owned ? 1 : 0;
+  }
+  __syncthreads();
+  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(t) * a.H * D;
+  if (!owned_s) {
+    for (int e = threadIdx.x; e < a.H * D; e += blockDim.x) out[e] = M::from_float(0.f);
+    return;
+  }
+  if (a.num_partitions <= 1) return;
+  const T* sink = static_cast<const T*>(a.sink);
+  const int np = a.num_partitions;
+  for (int e = threadIdx.x; e < a.H * D; e += blockDim.x) {
+    const int h = e / D, d = e % D;
+    float m = -INFINITY;
+    for (int p = 0; p < np; ++p) m = fmaxf(m, a.ws_lse[(static_cast<int64_t>(p) * a.total_rows + t) * a.H + h]);
+    float acc = 0.f, den = 0.f;
+    if (m != -INFINITY) {
+      for (int p = 0; p < np; ++p) {
+        const int64_t wr = (static_cast<int64_t>(p) * a.total_rows + t) * a.H + h;
+        const float lse = a.ws_lse[wr];
+        if (lse == -INFINITY) continue;
+        const float f = exp2f(lse - m);
+        den += f;
+        acc += f * a.ws_o[wr * D + d];
+      }
+      if (sink != nullptr) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
+    }
+    out[e] = M::from_float(den > 0.f ? acc / den : 0.f);
+  }
+}
+
+}  // namespace cuda
+}  // namespace msa_ops

@@ -1,0 +1,294 @@
+// CUDA FFI handlers of the dense mo.mha.* ops: one attention kernel (attention.cuh) for every op, route and
+// mask, plus an epilogue that zeroes rows owned by no sequence and merges split-K partitions.
+// No host synchronization, no allocation (split-K partials live in XLA-allocated workspace results);
+// every handler is declared command-buffer (CUDA graph) compatible.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "attention.cuh"
+#include "msa_ops/common.h"
+#include "msa_ops/ffi.h"
+#include "msa_ops/mask.h"
+
+namespace msa_ops {
+namespace cuda {
+namespace {
+
+Error check_launch(const char* target) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Error::Success();
+  return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
+}
+
+// The instantiations, generated from one list: element type x head dim x query tile height.
+#define MSA_OPS_ATTENTION_CONFIGS(X)  \
+  X(__nv_bfloat16, 64, 16, 3)         \
+  X(__nv_bfloat16, 64, 64, 2)         \
+  X(__nv_bfloat16, 128, 16, 3)        \
+  X(__nv_bfloat16, 128, 64, 2)        \
+  X(__half, 64, 16, 3)                \
+  X(__half, 64, 64, 2)                \
+  X(__half, 128, 16, 3)               \
+  X(__half, 128, 64, 2)
+
+template <typename T, int D, int BM, int STAGES>
+Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, const char* target) {
+  using Cfg = AttentionConfig<T, D, BM, STAGES>;
+  auto kernel = attention_kernel<T, D, BM, STAGES>;
+  // Attribute set per launch (cheap, idempotent, no synchronization).
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (grid_x > 0) {
+    dim3 grid(grid_x, a.Hkv, a.num_partitions > 1 ? a.num_partitions : 1);
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
+    if (Error e = check_launch(target); e.failure()) return e;
+  }
+  if (a.total_rows > 0) {
+    attention_epilogue_kernel<T, D><<<a.total_rows, 256, 0, stream>>>(a);
+    return check_launch(target);
+  }
+  return Error::Success();
+}
+
+Error dispatch(cudaStream_t stream, DataType dt, int d, int bm, const AttentionArgs& a, int grid_x,
+               const char* target) {
+#define MSA_OPS_DISPATCH(T, D_, BM_, ST_)                                                       \
+  if (dt == (std::is_same<T, __half>::value ? DataType::F16 : DataType::BF16) && d == D_ && bm == BM_) \
+    return launch_attention<T, D_, BM_, ST_>(stream, a, grid_x, target);
+  MSA_OPS_ATTENTION_CONFIGS(MSA_OPS_DISPATCH)
+#undef MSA_OPS_DISPATCH
+  return invalid(target, "no CUDA kernel for dtype/head_dim " + std::to_string(d) + " (supported: bf16/f16, 64/128)");
+}
+
+bool supported(DataType dt, int64_t d) {
+  return (dt == DataType::BF16 || dt == DataType::F16) && (d == 64 || d == 128);
+}
+
+int ceil_div_i(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// Query tile height: the routing ladder's choice, or from shapes when the op has no plan.
+int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group) {
+  // Kernels exist for 16- and 64-row tiles; the ladder's 2q tile (128) runs as 64-row tiles for now.
+  if (requested > 0) return requested <= 16 ? 16 : 64;
+  return max_rows_per_seq * group <= 16 ? 16 : 64;
+}
+
+void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, int64_t mask, int64_t window,
+                 double scale, int64_t num_partitions, int64_t block_n) {
+  a.q = q.untyped_data();
+  a.H = static_cast<int>(H);
+  a.Hkv = static_cast<int>(Hkv);
+  a.group = static_cast<int>(H / Hkv);
+  a.mask = static_cast<int>(mask);
+  a.window = static_cast<int>(iclamp(window, -1, int64_t{1} << 30));
+  a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  a.num_partitions = static_cast<int>(iclamp(num_partitions, 1, kMaxPartitions));
+  a.split_block_n = static_cast<int>(iclamp(block_n, 1, 1 << 20));
+  a.sink = nullptr;
+  a.ws_o = nullptr;
+  a.ws_lse = nullptr;
+}
+
+Error check_attrs(const char* target, int64_t mask, int64_t window) {
+  if (!mask_code_valid(mask)) return invalid(target, "bad mask code " + std::to_string(mask));
+  if (mask_needs_window(mask) && window <= 0) return invalid(target, "windowed mask needs window > 0");
+  return Error::Success();
+}
+
+Error set_workspace(const char* target, AttentionArgs& a, AnyResult ws_o, AnyResult ws_lse, int64_t rows, int64_t H,
+                    int64_t D) {
+  if (a.num_partitions <= 1) return Error::Success();
+  if (dim(*ws_o, 0) < a.num_partitions || dim(*ws_o, 1) != rows || dim(*ws_lse, 0) < a.num_partitions)
+    return invalid(target, "split-K workspace smaller than num_partitions");
+  (void)H;
+  (void)D;
+  a.ws_o = static_cast<float*>(ws_o->untyped_data());
+  a.ws_lse = static_cast<float*>(ws_lse->untyped_data());
+  return Error::Success();
+}
+
+void fill_paged(AttentionArgs& a, const AnyBuffer& kv, const AnyBuffer& cache_lengths, const AnyBuffer& lut,
+                const AnyBuffer& layer) {
+  a.kv_mode = kKvPaged;
+  a.kv_blocks = kv.untyped_data();
+  a.num_blocks = static_cast<int>(dim(kv, 0));
+  a.num_layers = static_cast<int>(dim(kv, 2));
+  a.page_size = static_cast<int>(dim(kv, 3));
+  a.cache_lengths = static_cast<const int32_t*>(cache_lengths.untyped_data());
+  a.lookup = static_cast<const int32_t*>(lut.untyped_data());
+  a.max_pages = static_cast<int>(dim(lut, 1));
+  a.layer_ptr = static_cast<const int32_t*>(layer.untyped_data());
+}
+
+}  // namespace
+
+Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffer kv, AnyBuffer cache_lengths,
+                     AnyBuffer lut, AnyBuffer layer, AnyBuffer sink, int64_t mask, int64_t window, double scale,
+                     int64_t has_sink, int64_t num_partitions, int64_t block_n, int64_t tile_m, AnyResult out,
+                     AnyResult ws_o, AnyResult ws_lse) {
+  const char* target = "msa_ops_mha_ragged_paged";
+  if (Error e = check_attrs(target, mask, window); e.failure()) return e;
+  const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(kv, 4);
+  if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
+  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(kv, 5) != D || dim(lut, 0) != B) return invalid(target, "bad shapes");
+  AttentionArgs a{};
+  fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
+  a.out = out->untyped_data();
+  a.q_mode = kQRagged;
+  a.total_rows = static_cast<int>(T);
+  a.batch = static_cast<int>(B);
+  a.q_offsets = static_cast<const int32_t*>(offsets.untyped_data());
+  fill_paged(a, kv, cache_lengths, lut, layer);
+  if (has_sink) a.sink = sink.untyped_data();
+  if (Error e = set_workspace(target, a, ws_o, ws_lse, T, H, D); e.failure()) return e;
+  const int bm = tile_height(tile_m, T - B + 1, a.group);
+  const int grid_x = B == 0 ? 0 : static_cast<int>(B + ceil_div_i(T * a.group, bm));
+  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
+}
+
+Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer cache_lengths, AnyBuffer lut,
+                     AnyBuffer layer, AnyBuffer valid_lengths, int64_t mask, int64_t window, double scale,
+                     int64_t num_partitions, int64_t block_n, int64_t tile_m, AnyResult out, AnyResult ws_o,
+                     AnyResult ws_lse) {
+  const char* target = "msa_ops_mha_padded_paged";
+  if (Error e = check_attrs(target, mask, window); e.failure()) return e;
+  const int64_t B = dim(q, 0), S = dim(q, 1), H = dim(q, 2), D = dim(q, 3), Hkv = dim(kv, 4);
+  if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
+  if (Hkv < 1 || H % Hkv != 0 || dim(kv, 5) != D || dim(lut, 0) != B) return invalid(target, "bad shapes");
+  AttentionArgs a{};
+  fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
+  a.out = out->untyped_data();
+  a.q_mode = kQPadded;
+  a.total_rows = static_cast<int>(B * S);
+  a.seq_rows = static_cast<int>(S);
+  a.batch = static_cast<int>(B);
+  a.valid_lengths = static_cast<const int32_t*>(valid_lengths.untyped_data());
+  fill_paged(a, kv, cache_lengths, lut, layer);
+  if (Error e = set_workspace(target, a, ws_o, ws_lse, B * S, H, D); e.failure()) return e;
+  const int bm = tile_height(tile_m, S, a.group);
+  const int grid_x = static_cast<int>(B * ceil_div_i(S * a.group, bm));
+  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
+}
+
+Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer offsets,
+                       AnyBuffer kv_offsets, int64_t mask, int64_t window, double scale, AnyResult out) {
+  const char* target = "msa_ops_mha_ragged_no_cache";
+  if (Error e = check_attrs(target, mask, window); e.failure()) return e;
+  const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(k, 1);
+  if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
+  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(k, 2) != D || dim(kv_offsets, 0) != B + 1)
+    return invalid(target, "bad shapes");
+  AttentionArgs a{};
+  fill_common(a, q, H, Hkv, mask, window, scale, 1, 64);
+  a.out = out->untyped_data();
+  a.q_mode = kQRagged;
+  a.total_rows = static_cast<int>(T);
+  a.batch = static_cast<int>(B);
+  a.q_offsets = static_cast<const int32_t*>(offsets.untyped_data());
+  a.kv_mode = kKvRagged;
+  a.k = k.untyped_data();
+  a.v = v.untyped_data();
+  a.kv_offsets = static_cast<const int32_t*>(kv_offsets.untyped_data());
+  a.total_keys = static_cast<int>(dim(k, 0));
+  const int bm = tile_height(0, T - B + 1, a.group);
+  const int grid_x = B == 0 ? 0 : static_cast<int>(B + ceil_div_i(T * a.group, bm));
+  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
+}
+
+Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer valid_length,
+                       int64_t mask, int64_t window, double scale, AnyResult out) {
+  const char* target = "msa_ops_mha_padded_no_cache";
+  if (Error e = check_attrs(target, mask, window); e.failure()) return e;
+  const int64_t B = dim(q, 0), S = dim(q, 1), H = dim(q, 2), D = dim(q, 3), Hkv = dim(k, 2);
+  if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
+  if (Hkv < 1 || H % Hkv != 0 || dim(k, 3) != D || dim(k, 0) != B) return invalid(target, "bad shapes");
+  AttentionArgs a{};
+  fill_common(a, q, H, Hkv, mask, window, scale, 1, 64);
+  a.out = out->untyped_data();
+  a.q_mode = kQPadded;
+  a.total_rows = static_cast<int>(B * S);
+  a.seq_rows = static_cast<int>(S);
+  a.batch = static_cast<int>(B);
+  a.valid_lengths = static_cast<const int32_t*>(valid_length.untyped_data());
+  a.kv_mode = kKvPadded;
+  a.k = k.untyped_data();
+  a.v = v.untyped_data();
+  a.total_keys = static_cast<int>(dim(k, 1));
+  const int bm = tile_height(0, S, a.group);
+  const int grid_x = static_cast<int>(B * ceil_div_i(S * a.group, bm));
+  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
+}
+
+}  // namespace cuda
+}  // namespace msa_ops
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_ragged_paged, msa_ops::cuda::MhaRaggedPaged,
+                              msa_ops::ffi::Ffi::Bind()
+                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<msa_ops::AnyBuffer>()  // q
+                                  .Arg<msa_ops::AnyBuffer>()  // input_row_offsets
+                                  .Arg<msa_ops::AnyBuffer>()  // kv_blocks
+                                  .Arg<msa_ops::AnyBuffer>()  // cache_lengths
+                                  .Arg<msa_ops::AnyBuffer>()  // kv_lookup_table
+                                  .Arg<msa_ops::AnyBuffer>()  // layer_idx
+                                  .Arg<msa_ops::AnyBuffer>()  // sink_weights
+                                  .Attr<int64_t>("mask")
+                                  .Attr<int64_t>("window")
+                                  .Attr<double>("scale")
+                                  .Attr<int64_t>("has_sink")
+                                  .Attr<int64_t>("num_partitions")
+                                  .Attr<int64_t>("block_n")
+                                  .Attr<int64_t>("tile_m")
+                                  .Ret<msa_ops::AnyBuffer>()
+                                  .Ret<msa_ops::AnyBuffer>()
+                                  .Ret<msa_ops::AnyBuffer>(),
+                              {msa_ops::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_padded_paged, msa_ops::cuda::MhaPaddedPaged,
+                              msa_ops::ffi::Ffi::Bind()
+                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<msa_ops::AnyBuffer>()  // q
+                                  .Arg<msa_ops::AnyBuffer>()  // kv_blocks
+                                  .Arg<msa_ops::AnyBuffer>()  // cache_lengths
+                                  .Arg<msa_ops::AnyBuffer>()  // kv_lookup_table
+                                  .Arg<msa_ops::AnyBuffer>()  // layer_idx
+                                  .Arg<msa_ops::AnyBuffer>()  // valid_lengths
+                                  .Attr<int64_t>("mask")
+                                  .Attr<int64_t>("window")
+                                  .Attr<double>("scale")
+                                  .Attr<int64_t>("num_partitions")
+                                  .Attr<int64_t>("block_n")
+                                  .Attr<int64_t>("tile_m")
+                                  .Ret<msa_ops::AnyBuffer>()
+                                  .Ret<msa_ops::AnyBuffer>()
+                                  .Ret<msa_ops::AnyBuffer>(),
+                              {msa_ops::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_ragged_no_cache, msa_ops::cuda::MhaRaggedNoCache,
+                              msa_ops::ffi::Ffi::Bind()
+                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<msa_ops::AnyBuffer>()  // q
+                                  .Arg<msa_ops::AnyBuffer>()  // k
+                                  .Arg<msa_ops::AnyBuffer>()  // v
+                                  .Arg<msa_ops::AnyBuffer>()  // input_row_offsets
+                                  .Arg<msa_ops::AnyBuffer>()  // kv_input_row_offsets
+                                  .Attr<int64_t>("mask")
+                                  .Attr<int64_t>("window")
+                                  .Attr<double>("scale")
+                                  .Ret<msa_ops::AnyBuffer>(),
+                              {msa_ops::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_padded_no_cache, msa_ops::cuda::MhaPaddedNoCache,
+                              msa_ops::ffi::Ffi::Bind()
+                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<msa_ops::AnyBuffer>()  // q
+                                  .Arg<msa_ops::AnyBuffer>()  // k
+                                  .Arg<msa_ops::AnyBuffer>()  // v
+                                  .Arg<msa_ops::AnyBuffer>()  // valid_length
+                                  .Attr<int64_t>("mask")
+                                  .Attr<int64_t>("window")
+                                  .Attr<double>("scale")
+                                  .Ret<msa_ops::AnyBuffer>(),
+                              {msa_ops::ffi::Traits::kCmdBufferCompatible});

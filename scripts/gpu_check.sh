@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (H200): build the native libraries against the jaxlib there, run the GPU
+# tests, a compute-sanitizer memcheck pass, the demo and the benchmarks; logs and JSON into $OUT.
+#   usage (repo root):  bash scripts/gpu_check.sh
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+PY=${PY:-python3}
+BUILD=${BUILD:-/tmp/msa_ops_build}
+declare -A STATUS
+
+STEPS=${STEPS:-all}  # comma list of: build info gpu cpu demo bench sanitizer
+want() { [[ "$STEPS" == all || ",$STEPS," == *",$1,"* ]]; }
+
+step() {  # step NAME CMD...  (log to $OUT/NAME.log, remember the exit code)
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  STATUS[$name]="rc=$rc $((SECONDS - t0))s"
+  tail -n 25 "$OUT/$name.log"
+  return 0
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+want build && step build bash -c "cmake -S kernels -B $BUILD -G Ninja -DPython_EXECUTABLE=$(command -v $PY) \
+  -DMSA_OPS_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD -j 16"
+export MSA_OPS_LIBRARY_DIR=$BUILD
+want info && step info $PY -m msa_ops info
+want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider tests
+want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
+want demo && step demo timeout 300 $PY -m msa_ops demo
+BENCHES=()
+for b in benchmarks/gpu_*.py; do
+  [ -e "$b" ] && want bench || continue
+  n="bench_$(basename "$b" .py)"; BENCHES+=("$n")
+  step "$n" timeout 400 $PY "$b" --out "$OUT" ${BENCH_ARGS:-}
+done
+want sanitizer && step sanitizer timeout 400 compute-sanitizer --tool memcheck --error-exitcode 7 $PY -m pytest -m gpu -q \
+  -p no:cacheprovider tests/test_gpu.py -k "${SANITIZE_K:-store and 0-prefill or row_offsets or bad_values or padded_paged}"
+
+echo
+echo "| step | result |"
+echo "| --- | --- |"
+for k in build info pytest_gpu pytest_cpu_native demo "${BENCHES[@]}" sanitizer; do
+  echo "| $k | ${STATUS[$k]:-skipped} | $(grep -E 'passed|failed|ERROR SUMMARY|result:' "$OUT/$k.log" 2>/dev/null | tail -n 1) |"
+done
+for f in "$OUT"/*.md; do [ -e "$f" ] && cat "$f"; done

@@ -1,0 +1,247 @@
+"""GPU tests (``pytest -m gpu``), run on the GPU machine by scripts/gpu_check.sh.
+
+The CUDA handlers that exist are checked against the float64 oracle (bit-exact where the op only moves
+data); the reference lowering is checked on the GPU for the attention ops whose CUDA kernels are still to
+come. Skipped where no GPU backend is present.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import oracle
+import pytest
+from conftest import assert_close, budget_for, make_batch, make_paged_cache, rand
+
+pytestmark = pytest.mark.gpu
+
+if jax.default_backend() != "gpu":
+    pytest.skip("no GPU backend", allow_module_level=True)
+
+import msa_ops  # noqa: E402
+from msa_ops import _native  # noqa: E402
+
+
+def test_cuda_library_loaded():
+    assert _native.available("cuda"), _native.missing_reason("cuda")
+    targets = set(_native.registered_targets("cuda"))
+    assert {"msa_ops_kv_cache_store", "msa_ops_kv_cache_row_offsets", "msa_ops_get_num_partitions"} <= targets
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("scenario", ["prefill", "decode", "mixed", "long"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn])
+def test_store_cuda_matches_oracle(seed, scenario, dtype):
+    rng = np.random.default_rng(seed)
+    batch = make_batch(rng, scenario)
+    page = 16
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=page,
+                             max_pages=512 // page, n_kv_heads=2, head_dim=64, dtype=dtype)
+    lut = cache.lut.copy()
+    if seed % 2:  # some rows land on pages outside the pool: dropped
+        lut[0, : min(2, lut.shape[1])] = [cache.kv_blocks.shape[0] + 5, -3][: min(2, lut.shape[1])]
+    k = rand(rng, (batch.T, 2, 64), dtype)
+    v = rand(rng, (batch.T, 2, 64), dtype)
+    layer = seed % 3  # 2 is out of range: nothing written
+    want = oracle.kv_cache_store_ragged_paged(cache.kv_blocks, k, v, batch.offsets, batch.cache_lengths, lut, layer)
+    f = jax.jit(lambda *a: msa_ops.kv_cache_store_ragged_paged(*a, implementation="native"), donate_argnums=0)
+    got = f(jnp.asarray(cache.kv_blocks), jnp.asarray(k), jnp.asarray(v), jnp.asarray(batch.offsets),
+            jnp.asarray(batch.cache_lengths).astype(jnp.uint32), jnp.asarray(lut), jnp.int32(layer))
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32))
+
+
+def test_row_offsets_and_partitions_cuda():
+    rng = np.random.default_rng(0)
+    offs = np.concatenate([[0], np.cumsum(rng.integers(0, 9, 33))]).astype(np.int32)
+    cl = rng.integers(-5, 5000, 33).astype(np.int32)
+    got = msa_ops.kv_cache_row_offsets_ragged_paged(offs, cl, implementation="native")
+    np.testing.assert_array_equal(np.asarray(got), oracle.kv_cache_row_offsets_ragged_paged(offs, cl))
+    for b in (0, 1, 3, 64):
+        for n in (0, 511, 512, 4096, 131072):
+            got = msa_ops.mha_decode_get_num_partitions(jnp.int32(b), jnp.int32(n), n_kv_heads=8, sm_count=132,
+                                                        implementation="native")
+            want = oracle.get_num_partitions(b, n, n_kv_heads=8, sm_count=132)
+            assert int(got) == want, (b, n)
+
+
+@pytest.mark.parametrize("scenario", ["decode", "mixed", "long"])
+@pytest.mark.parametrize("mask", ["causal", "sliding_window_causal"])
+def test_reference_mha_on_gpu(scenario, mask):
+    rng = np.random.default_rng(1)
+    batch = make_batch(rng, scenario)
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=16, max_pages=32,
+                             n_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, 8, 128), jnp.bfloat16)
+    args = (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut, 1)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str=mask, local_window_size=37,
+                                                      implementation="reference"))(*args)
+    want = oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=37)
+    assert_close(got, want, budget_for(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+def test_reference_msa_on_gpu(dtype):
+    rng = np.random.default_rng(2)
+    batch = make_batch(rng, "decode")
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=128, max_pages=4,
+                             n_kv_heads=2, head_dim=128, dtype=dtype)
+    q = rand(rng, (batch.T, 8, 128), dtype)
+    ids = rng.integers(-1, 5, (2, batch.T, 4)).astype(np.int32)
+    args = (q, batch.offsets, None, cache.kv_blocks, batch.cache_lengths, cache.lut, 0, ids)
+    got = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="reference"),
+                  static_argnums=2)(*args)
+    want = oracle.msa_attention_ragged_paged(*args)
+    assert_close(got, want, budget_for(dtype))
+
+
+# ------------------------------------------------------------------------------------------ CUDA attention
+
+MASKS = ["null", "causal", "sliding_window_causal", "sliding_window_noncausal", "chunked_causal"]
+SCENARIOS = ["prefill", "decode", "decode1", "spec", "mixed", "long"]
+
+
+def _mha_cases():
+    rng = np.random.default_rng(1234)
+    cases = []
+    for i in range(48):
+        cases.append(dict(
+            seed=i, scenario=SCENARIOS[i % len(SCENARIOS)], mask=MASKS[(i // 2) % len(MASKS)],
+            group=[1, 4, 8, 16][i % 4], page=[16, 128, 64][i % 3], d=[128, 64][(i // 3) % 2],
+            dtype=[jnp.bfloat16, jnp.float16][(i // 5) % 2], np_=[0, 1, 2, 7, 32][(i // 7) % 5],
+            sink=bool(rng.integers(2)), window=int(rng.integers(1, 60)),
+        ))
+    return cases
+
+
+@pytest.mark.parametrize("case", _mha_cases(), ids=lambda c: f"{c['seed']}-{c['scenario']}-{c['mask']}")
+def test_cuda_mha_ragged_paged_matches_oracle(case):
+    rng = np.random.default_rng(case["seed"])
+    batch = make_batch(rng, case["scenario"])
+    hkv = 2
+    h = hkv * case["group"]
+    d = case["d"]
+    page = case["page"]
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=page,
+                             max_pages=-(-512 // page), n_kv_heads=hkv, head_dim=d, dtype=case["dtype"])
+    q = rand(rng, (batch.T, h, d), case["dtype"])
+    sink = rand(rng, (h,), case["dtype"]) if case["sink"] else None
+    args = (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut, 1)
+    kw = dict(mask_str=case["mask"], local_window_size=case["window"])
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=case["np_"],
+                                                      implementation="native", **kw))(*args)
+    want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
+    assert_close(got, want, budget_for(case["dtype"]))
+
+
+@pytest.mark.parametrize("np_", [0, 1, 5])
+@pytest.mark.parametrize("mask", ["causal", "null", "chunked_causal"])
+def test_cuda_mha_padded_paged_matches_oracle(np_, mask):
+    rng = np.random.default_rng(7)
+    b, s, h, hkv, d, page = 3, 9, 8, 2, 128, 16
+    vl = np.array([0, 9, 4], np.int32)
+    cl = np.array([30, 0, 200], np.int32)
+    cache = make_paged_cache(rng, list(cl + vl), page_size=page, max_pages=16, n_kv_heads=hkv, head_dim=d,
+                             dtype=jnp.bfloat16)
+    q = rand(rng, (b, s, h, d), jnp.bfloat16)
+    args = (q, cache.kv_blocks, cl, cache.lut, 0, vl)
+    got = jax.jit(lambda *a: msa_ops.mha_padded_paged(*a, mask_str=mask, local_window_size=5, num_partitions=np_,
+                                                      implementation="native"))(*args)
+    want = oracle.mha_padded_paged(*args, mask_str=mask, local_window_size=5)
+    assert_close(got, want, budget_for(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("group", [1, 4])
+def test_cuda_no_cache_matches_oracle(mask, group):
+    rng = np.random.default_rng(11)
+    hkv, d = 2, 64
+    h = hkv * group
+    n = [5, 0, 70, 1]
+    nk = [9, 3, 70, 1]
+    q = rand(rng, (sum(n) + 3, h, d), jnp.bfloat16)
+    k = rand(rng, (sum(nk) + 2, hkv, d), jnp.bfloat16)
+    v = rand(rng, (sum(nk) + 2, hkv, d), jnp.bfloat16)
+    qo = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str=mask, local_window_size=4,
+                                                         implementation="native"))(q, k, v, qo, ko)
+    want = oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str=mask, local_window_size=4)
+    assert_close(got, want, budget_for(jnp.bfloat16))
+    qp = rand(rng, (3, 20, h, d), jnp.float16)
+    kp = rand(rng, (3, 24, hkv, d), jnp.float16)
+    vp = rand(rng, (3, 24, hkv, d), jnp.float16)
+    vlen = np.array([20, 0, 13], np.int32)
+    got = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, mask_str=mask, local_window_size=4,
+                                                         implementation="native"))(qp, kp, vp, vlen)
+    want = oracle.mha_padded_no_cache(qp, kp, vp, vlen, mask_str=mask, local_window_size=4)
+    assert_close(got, want, budget_for(jnp.float16))
+
+
+def test_cuda_mha_bad_values_do_not_fault():
+    """Page ids past the pool, non-monotone offsets, huge cache lengths, layer out of range: masked, no fault."""
+    rng = np.random.default_rng(3)
+    t, h, hkv, d, page, mp = 12, 8, 2, 128, 16, 6
+    q = rand(rng, (t, h, d), jnp.bfloat16)
+    kv = rand(rng, (20, 2, 2, page, hkv, d), jnp.bfloat16)
+    lut = rng.integers(-50, 50, (3, mp)).astype(np.int32)
+    offs = np.array([0, 7, 3, 40], np.int32)
+    cl = np.array([2**31 - 5, -9, 40], np.int32)
+    for layer in (0, 5, -1):
+        for np_ in (1, 4):
+            args = (q, offs, kv, cl, lut, layer)
+            got = jax.jit(lambda *a, _n=np_: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=_n,
+                                                                      implementation="native"))(*args)
+            want = oracle.mha_ragged_paged(*args, mask_str="causal")
+            assert_close(got, want, budget_for(jnp.bfloat16))
+
+
+def test_cuda_mha_equals_native_cpu():
+    rng = np.random.default_rng(5)
+    batch = make_batch(rng, "mixed")
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=16, max_pages=32,
+                             n_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, 8, 128), jnp.bfloat16)
+    args = (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut, 0)
+    f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=3, implementation="native"))
+    gpu = np.asarray(f(*args), np.float32)
+    with jax.default_device(jax.devices("cpu")[0]):
+        cpu = np.asarray(jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=3,
+                                                                     implementation="native"))(*args), np.float32)
+    assert np.abs(gpu - cpu).max() < 2e-2 and np.linalg.norm(gpu - cpu) / np.linalg.norm(cpu) < 4e-3
+
+
+def test_cuda_graph_decode_step_same_results():
+    """A jitted decode step (store + attention) run again inside a captured CUDA graph gives the same output."""
+    import os
+    import subprocess
+    import sys
+
+    code = r'''
+import jax, jax.numpy as jnp, numpy as np, msa_ops
+rng = np.random.default_rng(0)
+b, h, hkv, d, page, mp = 8, 32, 8, 128, 16, 64
+kv = jnp.asarray(rng.standard_normal((b * mp, 2, 1, page, hkv, d)), jnp.bfloat16)
+lut = jnp.asarray(rng.permutation(b * mp).reshape(b, mp), jnp.int32)
+cl = jnp.asarray(rng.integers(100, 1000, b), jnp.int32)
+offs = jnp.arange(b + 1, dtype=jnp.int32)
+q = jnp.asarray(rng.standard_normal((b, h, d)), jnp.bfloat16)
+k = jnp.asarray(rng.standard_normal((b, hkv, d)), jnp.bfloat16)
+@jax.jit
+def step(kv, q, k):
+    kv = msa_ops.kv_cache_store_ragged_paged(kv, k, k, offs, cl, lut, 0, implementation="native")
+    return kv, msa_ops.mha_ragged_paged(q, offs, kv, cl, lut, 0, implementation="native")
+outs = [np.asarray(step(kv, q, k)[1], np.float32) for _ in range(3)]
+print("MAXDIFF", max(float(np.abs(o - outs[0]).max()) for o in outs))
+print("CHECKSUM", float(np.float64(outs[0]).sum()), float(np.abs(np.float64(outs[0])).sum()))
+'''
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL"
+                        " --xla_gpu_graph_min_graph_size=1").strip()
+    base = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    graph = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert base.returncode == 0, base.stderr[-2000:]
+    assert graph.returncode == 0, graph.stderr[-2000:]
+    assert "MAXDIFF 0.0" in graph.stdout, graph.stdout
+    pick = [ln for ln in base.stdout.splitlines() if ln.startswith("CHECKSUM")]
+    assert pick and pick == [ln for ln in graph.stdout.splitlines() if ln.startswith("CHECKSUM")]
