@@ -28,6 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 want build && step build bash -c "cmake -S kernels -B $BUILD -G Ninja -DPython_EXECUTABLE=$(command -v $PY) \
   -DMSA_OPS_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD -j 16"
 export MSA_OPS_LIBRARY_DIR=$BUILD
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 want info && step info $PY -m msa_ops info
 want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider tests
 want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
