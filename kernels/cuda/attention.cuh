@@ -42,6 +42,7 @@ struct AttentionArgs {
   const int32_t* lookup;         // paged: [B, MP]
   const int32_t* layer_ptr;      // paged: scalar
   int num_blocks, num_layers, page_size, max_pages;
+  int page_shift;  // log2(page_size) when it is a power of two, else -1
   const void* k;  // contiguous: [Tk, Hkv, D] or [B, Sk, Hkv, D]
   const void* v;
   const int32_t* kv_offsets;  // ragged contiguous: [B+1]
@@ -215,7 +216,10 @@ struct AttentionConfig {
   static constexpr int kKvTileElems = kBlockN * D;
   static constexpr int kSmemQ = BLOCK_M * D * 2;
   static constexpr int kSmemKv = STAGES * 2 * kKvTileElems * 2;
-  static constexpr int kSmemValid = STAGES * kBlockN * 4;
+  static constexpr int kChunksPerRow = D / 8;
+  static constexpr int kRowStep = kThreads / kChunksPerRow;  // key rows one pass of the CTA loads
+  static constexpr int kPasses = kBlockN / kRowStep;
+  static constexpr int kSmemValid = STAGES * (kBlockN + kRowStep) * 4;
   static constexpr int kSmemMerge = kWarpsN > 1 ? kWarps * (16 * D + 32) * 4 : 0;
   static constexpr int kSmemBytes =
       kSmemQ + (kSmemKv + kSmemValid > kSmemMerge ? kSmemKv + kSmemValid : kSmemMerge);
@@ -282,7 +286,10 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     *reinterpret_cast<uint4*>(sQ + SwizzledTile<D>::offset(r, ch)) = val;
   }
 
-  // ---- K/V tile loader
+  // ---- K/V tile loader: each thread moves one 16-byte column chunk of kPasses key rows per tile. Page-table
+  // reads for all its rows are issued before any address is formed, so their latencies overlap.
+  constexpr int CPR = Cfg::kChunksPerRow, RSTEP = Cfg::kRowStep, NPASS = Cfg::kPasses;
+  const int my_row = tid / CPR, my_ch = tid % CPR;
   const int32_t* lut_row = nullptr;
   int layer = 0;
   bool layer_ok = true;
@@ -294,38 +301,58 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   const T* kvb = static_cast<const T*>(a.kv_blocks);
   const T* kc = static_cast<const T*>(a.k);
   const T* vc = static_cast<const T*>(a.v);
-  const int64_t page_stride_kv = static_cast<int64_t>(a.num_layers) * a.page_size * a.Hkv * D;  // K -> V
+  const int64_t row_stride = static_cast<int64_t>(a.Hkv) * D;  // elements between key slots
+  const int64_t kv_half = static_cast<int64_t>(a.num_layers) * a.page_size * row_stride;  // K -> V in a page
+  const int64_t page_stride = 2 * kv_half;
+  const int64_t head_off = static_cast<int64_t>(layer) * a.page_size * row_stride + hkv * D + my_ch * 8;
+  const int kmax = static_cast<int>(st.kmax);
   auto load_tile = [&](int tile, int stage) {
     T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
     T* sV = sK + Cfg::kKvTileElems;
-    const int key0 = tile * BN;
-    // Each thread moves 16-byte chunks; a chunk's key is chunk / (D/8).
-    for (int c = tid; c < BN * (D / 8); c += Cfg::kThreads) {
-      const int kr = c / (D / 8), ch = c % (D / 8);
-      const int64_t key = key0 + kr;
-      bool ok = key < st.kmax;
-      const T* srcK = kvb;
-      const T* srcV = kvb;
-      if (a.kv_mode == kKvPaged) {
-        int64_t page = ok ? lut_row[key / a.page_size] : -1;
-        ok = ok && layer_ok && page >= 0 && page < a.num_blocks;
-        if (ok) {
-          const int64_t base =
-              (((page * 2) * a.num_layers + layer) * a.page_size + key % a.page_size) * a.Hkv * D +
-              static_cast<int64_t>(hkv) * D + ch * 8;
-          srcK = kvb + base;
-          srcV = kvb + base + page_stride_kv;
-        }
-      } else if (ok) {
-        const int64_t base = (static_cast<int64_t>(st.kv_base) + key) * a.Hkv * D + hkv * D + ch * 8;
-        srcK = kc + base;
-        srcV = vc + base;
+    int* valid = sValid + stage * (BN + RSTEP);
+    const int key0 = tile * BN + my_row;
+    int64_t src[NPASS];
+    bool ok[NPASS];
+    if (a.kv_mode == kKvPaged) {
+      int32_t pg[NPASS];
+#pragma unroll
+      for (int i = 0; i < NPASS; ++i) {
+        const int key = key0 + i * RSTEP;
+        const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
+        pg[i] = (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1;
       }
-      const int off = SwizzledTile<D>::offset(kr, ch);
-      cp_async16(smem_addr(sK + off), srcK, ok);
-      cp_async16(smem_addr(sV + off), srcV, ok);
-      if (ch == 0) sValid[stage * BN + kr] = ok ? 1 : 0;
+#pragma unroll
+      for (int i = 0; i < NPASS; ++i) {
+        const int key = key0 + i * RSTEP;
+        const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
+        const int slot = key - pidx * a.page_size;
+        ok[i] = pg[i] >= 0 && pg[i] < a.num_blocks;
+        src[i] = ok[i] ? static_cast<int64_t>(pg[i]) * page_stride + head_off + slot * row_stride : 0;
+      }
+    } else {
+      const int64_t base = static_cast<int64_t>(st.kv_base) * row_stride + hkv * D + my_ch * 8;
+#pragma unroll
+      for (int i = 0; i < NPASS; ++i) {
+        const int key = key0 + i * RSTEP;
+        ok[i] = key < kmax;
+        src[i] = ok[i] ? base + key * row_stride : 0;
+      }
     }
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < NPASS; ++i) {
+      const int off = SwizzledTile<D>::offset(my_row + i * RSTEP, my_ch);
+      if (a.kv_mode == kKvPaged) {
+        cp_async16(smem_addr(sK + off), kvb + src[i], ok[i]);
+        cp_async16(smem_addr(sV + off), kvb + src[i] + kv_half, ok[i]);
+      } else {
+        cp_async16(smem_addr(sK + off), kc + src[i], ok[i]);
+        cp_async16(smem_addr(sV + off), vc + src[i], ok[i]);
+      }
+      count += ok[i] ? 1 : 0;
+      if (my_ch == 0) valid[my_row + i * RSTEP] = ok[i] ? 1 : 0;
+    }
+    if (my_ch == 0) valid[BN + my_row] = count;  // per-thread count of existing keys
   };
 
   // Prologue: STAGES-1 tiles in flight.
@@ -351,19 +378,23 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
-  int64_t row_lo[2], row_hi[2];
+  int row_lo[2], row_hi[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int pr = st.row0 + warp_m * 16 + lane / 4 + i * 8;
     if (pr < rows_seq) {
       const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
-      row_lo[i] = imax(iv.lo, k_lo);
-      row_hi[i] = imin(iv.hi, k_hi);
+      row_lo[i] = static_cast<int>(imax(iv.lo, k_lo));
+      row_hi[i] = static_cast<int>(imin(iv.hi, k_hi));
     } else {
       row_lo[i] = 0;
       row_hi[i] = 0;
     }
   }
+
+  // Keys every row of the tile sees: a tile inside [full_lo, full_hi) whose keys all exist needs no mask.
+  const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
+  const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
 
   for (int it = 0; it < num_tiles; ++it) {
     const int tile = tile_first + it;
@@ -378,7 +409,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     __syncthreads();
     const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
     const T* sV = sK + Cfg::kKvTileElems;
-    const int* valid = sValid + stage * BN;
+    const int* valid = sValid + stage * (BN + RSTEP);
     const int key_w0 = warp_n * Cfg::kWarpKeys;  // first key of this warp within the tile
 
     // S = Q K^T for this warp's keys.
@@ -399,18 +430,33 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
       }
     }
     // Mask (keys that do not exist, or fall outside the row's interval), then the online softmax.
-    const int64_t key_base = static_cast<int64_t>(tile) * BN + key_w0;
+    const int tile_key0 = tile * BN;
+    int present = 0;
+#pragma unroll
+    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
+    const bool full = present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
     float m_new[2] = {m_run[0], m_run[1]};
+    if (full) {
 #pragma unroll
-    for (int j = 0; j < NB_WARP; ++j) {
+      for (int j = 0; j < NB_WARP; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        const int kl = key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
-        const int64_t key = key_base + j * 8 + (lane % 4) * 2 + (e % 2);
-        const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
-        s[j][e] = vis ? s[j][e] * a.scale_log2 : -INFINITY;
-        m_new[i] = fmaxf(m_new[i], s[j][e]);
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] *= a.scale_log2;
+          m_new[e / 2] = fmaxf(m_new[e / 2], s[j][e]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NB_WARP; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2;
+          const int kl = key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
+          const int key = tile_key0 + kl;
+          const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
+          s[j][e] = vis ? s[j][e] * a.scale_log2 : -INFINITY;
+          m_new[i] = fmaxf(m_new[i], s[j][e]);
+        }
       }
     }
     float corr[2];

@@ -116,6 +116,9 @@ void fill_paged(AttentionArgs& a, const AnyBuffer& kv, const AnyBuffer& cache_le
   a.num_blocks = static_cast<int>(dim(kv, 0));
   a.num_layers = static_cast<int>(dim(kv, 2));
   a.page_size = static_cast<int>(dim(kv, 3));
+  a.page_shift = -1;
+  for (int sh = 0; sh < 30; ++sh)
+    if ((int64_t{1} << sh) == a.page_size) a.page_shift = sh;
   a.cache_lengths = static_cast<const int32_t*>(cache_lengths.untyped_data());
   a.lookup = static_cast<const int32_t*>(lut.untyped_data());
   a.max_pages = static_cast<int>(dim(lut, 1));
@@ -133,6 +136,7 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(kv, 4);
   if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
   if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(kv, 5) != D || dim(lut, 0) != B) return invalid(target, "bad shapes");
+  if (dim(lut, 1) * dim(kv, 3) >= (int64_t{1} << 31)) return invalid(target, "max_pages * page_size must be < 2^31");
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
   a.out = out->untyped_data();
@@ -157,6 +161,7 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   const int64_t B = dim(q, 0), S = dim(q, 1), H = dim(q, 2), D = dim(q, 3), Hkv = dim(kv, 4);
   if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
   if (Hkv < 1 || H % Hkv != 0 || dim(kv, 5) != D || dim(lut, 0) != B) return invalid(target, "bad shapes");
+  if (dim(lut, 1) * dim(kv, 3) >= (int64_t{1} << 31)) return invalid(target, "max_pages * page_size must be < 2^31");
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
   a.out = out->untyped_data();
