@@ -14,6 +14,8 @@ from dataclasses import dataclass
 SPLIT_K_BLOCK_N = 64
 #: Multiprocessors of the GPU the ladder is tuned for (H200 / H100 SXM: 132).
 DEFAULT_SM_COUNT = 132
+#: Decode CTAs the ladder aims to keep resident per multiprocessor (split-K fills the machine to this).
+DECODE_CTAS_PER_SM = 2
 #: Rows (query tokens x query heads of one kv head) one MMA query tile holds.
 Q_TILE_ROWS = 64
 #: Longest query run (tokens per sequence) MSA routes as speculative decode.
@@ -95,8 +97,8 @@ def plan_mha(
     1. Query tokens per sequence ``max_q``: the ``max_prompt_length`` hint, else ``T - B + 1``.
     2. If a sequence's ``max_q x group`` rows fit one 64-row query tile, the call is decode-like: one query
        tile per CTA (all query heads of a kv head and all tokens of the sequence) and split-K over the keys
-       (``1q_split_k``); the partition count is ``get_num_partitions(B, max_keys)`` unless
-       ``num_partitions`` overrides it.
+       (``1q_split_k``); the partition count is ``get_num_partitions(B, max_keys)`` with the SM count
+       doubled (two decode CTAs resident per SM), unless ``num_partitions`` overrides it.
     3. Otherwise it is prefill: two 64-row query tiles per CTA (``2q``, tile_m 128) when a sequence has at
        least 128 rows, else one (tile_m 64); no split unless ``num_partitions`` asks for one.
     """
@@ -109,7 +111,7 @@ def plan_mha(
     rows = max_q * group
     if rows <= Q_TILE_ROWS:
         tile_m = 16 if rows <= 16 else _align_up(rows, 16)
-        auto = get_num_partitions(batch, max_keys, n_kv_heads=n_kv_heads, sm_count=sm_count)
+        auto = get_num_partitions(batch, max_keys, n_kv_heads=n_kv_heads, sm_count=sm_count * DECODE_CTAS_PER_SM)
         np_ = num_partitions if num_partitions > 0 else auto
         route = "decode" if max_q == 1 else "speculative"
         why = (

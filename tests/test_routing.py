@@ -68,16 +68,17 @@ def test_mha_ladder_decode_vs_prefill_boundary():
 def test_mha_ladder_hints_and_override():
     p = _plan_mha(t=512, b=8, max_prompt_length=1)
     assert p.route == "decode"
-    assert p.num_partitions == routing.get_num_partitions(8, 32 * 128, n_kv_heads=8, sm_count=132)
+    assert p.num_partitions == routing.get_num_partitions(8, 32 * 128, n_kv_heads=8,
+                                                          sm_count=132 * routing.DECODE_CTAS_PER_SM)
     p = _plan_mha(t=8, b=8, max_cache_length=100)
     assert p.max_keys == 101 and p.num_partitions == 1
     p = _plan_mha(t=8, b=8, num_partitions=7)
     assert p.num_partitions == 7 and p.workspace_partitions == 7
     assert _plan_mha(t=4096, b=1).num_partitions == 1
     assert _plan_mha(t=4096, b=1, num_partitions=3).num_partitions == 3
-    one = _plan_mha(t=1, b=1, mp=1024)  # B=1, 128k keys: 132 // 8 = 16 partitions
-    assert one.route == "decode" and one.num_partitions == 16
-    assert one.workspace_partitions == 16
+    one = _plan_mha(t=1, b=1, mp=1024)  # B=1, 128k keys: 2 * 132 // 8 = 33 -> 32 partitions
+    assert one.route == "decode" and one.num_partitions == 32
+    assert one.workspace_partitions == 32
     assert _plan_mha(t=1, b=1, mp=1).workspace_partitions == 0
 
 

@@ -314,20 +314,35 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     int64_t src[NPASS];
     bool ok[NPASS];
     if (a.kv_mode == kKvPaged) {
-      int32_t pg[NPASS];
-#pragma unroll
-      for (int i = 0; i < NPASS; ++i) {
-        const int key = key0 + i * RSTEP;
-        const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
-        pg[i] = (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1;
+      // The warp's threads cover kRowsPerWarp distinct key rows over the passes; lane l looks up the page of
+      // one of them, and the others receive it by shuffle (one page-table read per key row, not per chunk).
+      constexpr int kRowsPerWarp = 32 / CPR;  // rows a warp covers in one pass
+      const int lane_ = tid % 32;
+      const int warp_row0 = (tid / 32) * kRowsPerWarp;
+      int my_page = -1;
+      {
+        const int r_local = lane_ % kRowsPerWarp, pass = lane_ / kRowsPerWarp;  // lane -> (row, pass)
+        if (pass < NPASS) {
+          const int key = tile * BN + warp_row0 + r_local + pass * RSTEP;
+          const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
+          const int32_t p = (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1;
+          my_page = (p >= 0 && p < a.num_blocks) ? p : -1;
+        }
       }
 #pragma unroll
       for (int i = 0; i < NPASS; ++i) {
         const int key = key0 + i * RSTEP;
-        const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
-        const int slot = key - pidx * a.page_size;
-        ok[i] = pg[i] >= 0 && pg[i] < a.num_blocks;
-        src[i] = ok[i] ? static_cast<int64_t>(pg[i]) * page_stride + head_off + slot * row_stride : 0;
+        int pg = my_page;
+        if (NPASS * kRowsPerWarp <= 32) {
+          pg = __shfl_sync(0xffffffff, my_page, (my_row - warp_row0) + i * kRowsPerWarp);
+        } else {  // more rows than lanes: look up directly
+          const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
+          const int32_t p = (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1;
+          pg = (p >= 0 && p < a.num_blocks) ? p : -1;
+        }
+        const int slot = a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
+        ok[i] = pg >= 0;
+        src[i] = ok[i] ? static_cast<int64_t>(pg) * page_stride + head_off + slot * row_stride : 0;
       }
     } else {
       const int64_t base = static_cast<int64_t>(st.kv_base) * row_stride + hkv * D + my_ch * 8;
@@ -468,12 +483,16 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
       m_run[i] = m_new[i];
       l_run[i] *= corr[i];
     }
+    // Rescale the accumulator only when some row of the warp raised its running max (rare after the first
+    // tiles): a warp-uniform branch saves D/2 multiplies per thread per tile.
+    if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < ND; ++j) {
-      o[j][0] *= corr[0];
-      o[j][1] *= corr[0];
-      o[j][2] *= corr[1];
-      o[j][3] *= corr[1];
+      for (int j = 0; j < ND; ++j) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        o[j][2] *= corr[1];
+        o[j][3] *= corr[1];
+      }
     }
     uint32_t pf[NB_WARP / 2][4];
 #pragma unroll
