@@ -210,9 +210,13 @@ struct AttentionConfig {
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
   static constexpr int kBlockN = 64;
-  static constexpr int kWarpsM = BLOCK_M / 16;      // warps along rows
-  static constexpr int kWarpsN = kWarps / kWarpsM;  // warps along keys
+  static constexpr int kWarpsM = BLOCK_M / 16 < kWarps ? BLOCK_M / 16 : kWarps;  // warps along rows
+  static constexpr int kWarpsN = kWarps / kWarpsM;                                // warps along keys
+  static constexpr int kMBlocks = BLOCK_M / (16 * kWarpsM);  // 16-row MMA blocks per warp
+  static constexpr bool kQInRegs = kMBlocks == 1;           // else Q fragments are re-read from smem
   static constexpr int kWarpKeys = kBlockN / kWarpsN;
+  // Keys a warp scores at a time: two row blocks hold half as many scores in registers.
+  static constexpr int kChunkKeys = kMBlocks > 1 ? 32 : kWarpKeys;
   static constexpr int kKvTileElems = kBlockN * D;
   static constexpr int kSmemQ = BLOCK_M * D * 2;
   static constexpr int kSmemKv = STAGES * 2 * kKvTileElems * 2;
@@ -224,6 +228,7 @@ struct AttentionConfig {
   static constexpr int kSmemBytes =
       kSmemQ + (kSmemKv + kSmemValid > kSmemMerge ? kSmemKv + kSmemValid : kSmemMerge);
   static_assert(kWarpsM * kWarpsN == kWarps, "warp layout");
+  static_assert(kWarpsN == 1 || kMBlocks == 1, "key-split warps hold one row block");
   static_assert(kWarpKeys % 16 == 0, "each warp handles whole 16-key MMA steps");
 };
 
@@ -232,7 +237,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   using Cfg = AttentionConfig<T, D, BLOCK_M, STAGES>;
   using M = Mma<T>;
   constexpr int BN = Cfg::kBlockN;
-  constexpr int NB_WARP = Cfg::kWarpKeys / 8;  // 8-key MMA column blocks per warp
+  constexpr int NB_WARP = Cfg::kChunkKeys / 8;  // 8-key MMA column blocks per warp and key chunk
   constexpr int ND = D / 8;                    // 8-wide output column blocks
   constexpr int KD = D / 16;                   // 16-deep k steps over D
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -372,44 +377,53 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 
   // Prologue: STAGES-1 tiles in flight.
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < num_tiles) load_tile(tile_first + s, s);
+  for (int st_ = 0; st_ < STAGES - 1; ++st_) {
+    if (st_ < num_tiles) load_tile(tile_first + st_, st_);
     cp_async_commit();
   }
   __syncthreads();  // sQ visible
 
-  // Q fragments of this warp's 16 rows, kept in registers.
-  uint32_t qf[KD][4];
-#pragma unroll
-  for (int kk = 0; kk < KD; ++kk) {
-    const int r = warp_m * 16 + (lane % 16);
+  constexpr int MB = Cfg::kMBlocks;
+  const int warp_row0_q = warp_m * 16 * MB;  // first row (within the tile) of this warp
+  auto load_q_frag = [&](uint32_t* f, int mb, int kk) {
+    const int r = warp_row0_q + mb * 16 + (lane % 16);
     const int ch = kk * 2 + lane / 16;
-    ldmatrix_x4(qf[kk], smem_addr(sQ + SwizzledTile<D>::offset(r, ch)));
+    ldmatrix_x4(f, smem_addr(sQ + SwizzledTile<D>::offset(r, ch)));
+  };
+  // Q fragments stay in registers when the warp holds one row block.
+  uint32_t qf[Cfg::kQInRegs ? KD : 1][4];
+  if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) load_q_frag(qf[kk], 0, kk);
   }
 
-  // Per-thread state: rows lane/4 and lane/4 + 8 of the warp's 16 rows.
-  float o[ND][4];
+  // Per-thread state: rows lane/4 and lane/4 + 8 of each of the warp's MB row blocks.
+  float o[MB][ND][4];
+  float m_run[MB][2], l_run[MB][2];
+  int row_lo[MB][2], row_hi[MB][2];
 #pragma unroll
-  for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.f, 0.f};
-  int row_lo[2], row_hi[2];
+  for (int mb = 0; mb < MB; ++mb) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int pr = st.row0 + warp_m * 16 + lane / 4 + i * 8;
-    if (pr < rows_seq) {
-      const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
-      row_lo[i] = static_cast<int>(imax(iv.lo, k_lo));
-      row_hi[i] = static_cast<int>(imin(iv.hi, k_hi));
-    } else {
-      row_lo[i] = 0;
-      row_hi[i] = 0;
+    for (int j = 0; j < ND; ++j) o[mb][j][0] = o[mb][j][1] = o[mb][j][2] = o[mb][j][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m_run[mb][i] = -INFINITY;
+      l_run[mb][i] = 0.f;
+      const int pr = st.row0 + warp_row0_q + mb * 16 + lane / 4 + i * 8;
+      if (pr < rows_seq) {
+        const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
+        row_lo[mb][i] = static_cast<int>(imax(iv.lo, k_lo));
+        row_hi[mb][i] = static_cast<int>(imin(iv.hi, k_hi));
+      } else {
+        row_lo[mb][i] = 0;
+        row_hi[mb][i] = 0;
+      }
     }
   }
-
   // Keys every row of the tile sees: a tile inside [full_lo, full_hi) whose keys all exist needs no mask.
   const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
   const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
+  const float sl2 = a.scale_log2;
 
   for (int it = 0; it < num_tiles; ++it) {
     const int tile = tile_first + it;
@@ -425,14 +439,28 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
     const T* sV = sK + Cfg::kKvTileElems;
     const int* valid = sValid + stage * (BN + RSTEP);
-    const int key_w0 = warp_n * Cfg::kWarpKeys;  // first key of this warp within the tile
-
-    // S = Q K^T for this warp's keys.
-    float s[NB_WARP][4];
+    const int tile_key0 = tile * BN;
+    int present = 0;
 #pragma unroll
-    for (int j = 0; j < NB_WARP; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
+    const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+#pragma unroll 1
+    for (int kc = 0; kc < Cfg::kWarpKeys / Cfg::kChunkKeys; ++kc) {
+    const int key_w0 = warp_n * Cfg::kWarpKeys + kc * Cfg::kChunkKeys;  // first key of this chunk in the tile
+
+    // S = Q K^T for this warp's keys: each K fragment feeds all MB row blocks.
+    float s[MB][NB_WARP][4];
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int j = 0; j < NB_WARP; ++j) s[mb][j][0] = s[mb][j][1] = s[mb][j][2] = s[mb][j][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
+      uint32_t qtmp[MB][4];
+      if constexpr (!Cfg::kQInRegs) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) load_q_frag(qtmp[mb], mb, kk);
+      }
 #pragma unroll
       for (int j = 0; j < NB_WARP; j += 2) {
         uint32_t kf[4];
@@ -440,78 +468,82 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
         const int key = key_w0 + j * 8 + r8 + (mtx / 2) * 8;
         const int ch = kk * 2 + (mtx % 2);
         ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<D>::offset(key, ch)));
-        M::run(s[j], qf[kk], kf);
-        M::run(s[j + 1], qf[kk], kf + 2);
-      }
-    }
-    // Mask (keys that do not exist, or fall outside the row's interval), then the online softmax.
-    const int tile_key0 = tile * BN;
-    int present = 0;
 #pragma unroll
-    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
-    const bool full = present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
-    float m_new[2] = {m_run[0], m_run[1]};
-    if (full) {
-#pragma unroll
-      for (int j = 0; j < NB_WARP; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[j][e] *= a.scale_log2;
-          m_new[e / 2] = fmaxf(m_new[e / 2], s[j][e]);
+        for (int mb = 0; mb < MB; ++mb) {
+          const uint32_t* af = Cfg::kQInRegs ? qf[kk] : qtmp[mb];
+          M::run(s[mb][j], af, kf);
+          M::run(s[mb][j + 1], af, kf + 2);
         }
       }
-    } else {
+    }
+
+    // Online softmax in log2 units. A full tile (every key exists and is visible to every row) skips the mask
+    // and folds the scale into the exponent: p = 2^(s * scale_log2 - m).
+    uint32_t pf[MB][NB_WARP / 2][4];
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+      float m_new[2] = {m_run[mb][0], m_run[mb][1]};
+      if (full) {
+        float raw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NB_WARP; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[mb][j][e]);
+        m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
+        m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+      } else {
+#pragma unroll
+        for (int j = 0; j < NB_WARP; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = e / 2;
+            const int kl = key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
+            const int key = tile_key0 + kl;
+            const bool vis = key >= row_lo[mb][i] && key < row_hi[mb][i] && valid[kl];
+            s[mb][j][e] = vis ? s[mb][j][e] * sl2 : -INFINITY;
+            m_new[i] = fmaxf(m_new[i], s[mb][j][e]);
+          }
+        }
+      }
+      float corr[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+        corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[mb][i] - m_new[i]);
+        m_run[mb][i] = m_new[i];
+        l_run[mb][i] *= corr[i];
+      }
+      // Rescale the accumulator only when some row of the warp raised its running max (rare after the first
+      // tiles): a warp-uniform branch saves D/2 multiplies per thread per tile.
+      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < ND; ++j) {
+          o[mb][j][0] *= corr[0];
+          o[mb][j][1] *= corr[0];
+          o[mb][j][2] *= corr[1];
+          o[mb][j][3] *= corr[1];
+        }
+      }
+      const float neg_m[2] = {m_run[mb][0] == -INFINITY ? 0.f : -m_run[mb][0],
+                              m_run[mb][1] == -INFINITY ? 0.f : -m_run[mb][1]};
 #pragma unroll
       for (int j = 0; j < NB_WARP; ++j) {
+        float p[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = e / 2;
-          const int kl = key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
-          const int key = tile_key0 + kl;
-          const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
-          s[j][e] = vis ? s[j][e] * a.scale_log2 : -INFINITY;
-          m_new[i] = fmaxf(m_new[i], s[j][e]);
+          // exp2(-inf) = 0 covers masked keys; rows with no visible key yet have m = -inf and all s = -inf.
+          p[e] = full ? exp2f(fmaf(s[mb][j][e], sl2, neg_m[i])) : exp2f(s[mb][j][e] + neg_m[i]);
+          l_run[mb][i] += p[e];
         }
+        pf[mb][j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
+        pf[mb][j / 2][(j % 2) * 2 + 1] = M::pack(p[2], p[3]);
       }
     }
-    float corr[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
-      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-      corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
-      m_run[i] = m_new[i];
-      l_run[i] *= corr[i];
-    }
-    // Rescale the accumulator only when some row of the warp raised its running max (rare after the first
-    // tiles): a warp-uniform branch saves D/2 multiplies per thread per tile.
-    if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        o[j][0] *= corr[0];
-        o[j][1] *= corr[0];
-        o[j][2] *= corr[1];
-        o[j][3] *= corr[1];
-      }
-    }
-    uint32_t pf[NB_WARP / 2][4];
-#pragma unroll
-    for (int j = 0; j < NB_WARP; ++j) {
-      float p[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        p[e] = m_run[i] == -INFINITY ? 0.f : exp2f(s[j][e] - m_run[i]);
-        l_run[i] += p[e];
-      }
-      pf[j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
-      pf[j / 2][(j % 2) * 2 + 1] = M::pack(p[2], p[3]);
-    }
-    // O += P V over this warp's keys (k steps of 16 keys).
+    // O += P V over this warp's keys (k steps of 16 keys): each V fragment feeds all MB row blocks.
 #pragma unroll
     for (int ks = 0; ks < NB_WARP / 2; ++ks) {
-      // A fragment order: (row, k 0-7), (row+8, k 0-7), (row, k 8-15), (row+8, k 8-15)
-      uint32_t af[4] = {pf[ks][0], pf[ks][1], pf[ks][2], pf[ks][3]};
 #pragma unroll
       for (int jd = 0; jd < ND; jd += 2) {
         uint32_t vf[4];
@@ -519,22 +551,28 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
         const int key = key_w0 + ks * 16 + r8 + (mtx % 2) * 8;
         const int ch = jd + (mtx / 2);
         ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<D>::offset(key, ch)));
-        M::run(o[jd], af, vf);
-        M::run(o[jd + 1], af, vf + 2);
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+          M::run(o[mb][jd], pf[mb][ks], vf);
+          M::run(o[mb][jd + 1], pf[mb][ks], vf + 2);
+        }
       }
     }
+    }  // key chunks
     __syncthreads();  // the stage is free for the next load
   }
   cp_async_wait<0>();
 
   // Row sums over the quad.
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
-    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
-  }
+  for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l_run[mb][i] += __shfl_xor_sync(0xffffffff, l_run[mb][i], 1);
+      l_run[mb][i] += __shfl_xor_sync(0xffffffff, l_run[mb][i], 2);
+    }
 
-  // Merge the key-split warps (decode layout) through shared memory.
+  // Merge the key-split warps (decode layout: one row block, warps along keys) through shared memory.
   if constexpr (Cfg::kWarpsN > 1) {
     __syncthreads();
     float* mo = reinterpret_cast<float*>(smem_raw + Cfg::kSmemQ);  // [warps][16][D]
@@ -545,42 +583,44 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
       for (int e = 0; e < 4; ++e) {
         const int r = lane / 4 + (e / 2) * 8;
         const int col = j * 8 + (lane % 4) * 2 + (e % 2);
-        mo[(warp * 16 + r) * D + col] = o[j][e];
+        mo[(warp * 16 + r) * D + col] = o[0][j][e];
       }
     }
     if (lane % 4 == 0) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = lane / 4 + i * 8;
-        ml[(warp * 16 + r) * 2 + 0] = m_run[i];
-        ml[(warp * 16 + r) * 2 + 1] = l_run[i];
+        ml[(warp * 16 + r) * 2 + 0] = m_run[0][i];
+        ml[(warp * 16 + r) * 2 + 1] = l_run[0][i];
       }
     }
     __syncthreads();
-    // Warp 0 owns the merged state (the only warp along rows: BLOCK_M == 16).
-    if (warp != 0) return;
+    if (warp != 0) return;  // warp 0 owns the merged state
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = lane / 4 + i * 8;
       float mt = -INFINITY;
+#pragma unroll
       for (int w = 0; w < Cfg::kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
       float lt = 0.f;
       float f[Cfg::kWarps];
+#pragma unroll
       for (int w = 0; w < Cfg::kWarps; ++w) {
         const float mw = ml[(w * 16 + r) * 2];
         f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
         lt += f[w] * ml[(w * 16 + r) * 2 + 1];
       }
-      m_run[i] = mt;
-      l_run[i] = lt;
+      m_run[0][i] = mt;
+      l_run[0][i] = lt;
 #pragma unroll
       for (int j = 0; j < ND; ++j) {
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
           const int col = j * 8 + (lane % 4) * 2 + e2;
           float acc = 0.f;
+#pragma unroll
           for (int w = 0; w < Cfg::kWarps; ++w) acc += f[w] * mo[(w * 16 + r) * D + col];
-          o[j][i * 2 + e2] = acc;
+          o[0][j][i * 2 + e2] = acc;
         }
       }
     }
@@ -590,51 +630,55 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   T* out = static_cast<T*>(a.out);
   const T* sink = static_cast<const T*>(a.sink);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int pr = st.row0 + warp_m * 16 + lane / 4 + i * 8;
-    if (pr >= rows_seq) continue;
-    const int64_t qrow = st.q_base + pr / group;
-    const int h = hkv * group + pr % group;
-    const bool any = l_run[i] > 0.f;
-    if (a.num_partitions <= 1) {
-      float den = l_run[i];
-      if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m_run[i]);
-      const float inv = any ? 1.f / den : 0.f;
+  for (int mb = 0; mb < MB; ++mb) {
 #pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        const uint32_t packed = M::pack(o[j][i * 2] * inv, o[j][i * 2 + 1] * inv);
-        *reinterpret_cast<uint32_t*>(out + (qrow * a.H + h) * D + col) = packed;
-      }
-    } else {
-      const float inv = any ? 1.f / l_run[i] : 0.f;
-      const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;
+    for (int i = 0; i < 2; ++i) {
+      const int pr = st.row0 + warp_row0_q + mb * 16 + lane / 4 + i * 8;
+      if (pr >= rows_seq) continue;
+      const int64_t qrow = st.q_base + pr / group;
+      const int h = hkv * group + pr % group;
+      const float l = l_run[mb][i], m = m_run[mb][i];
+      const bool any = l > 0.f;
+      if (a.num_partitions <= 1) {
+        float den = l;
+        if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
+        const float inv = any ? 1.f / den : 0.f;
 #pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(a.ws_o + ws_row * D + col) = make_float2(o[j][i * 2] * inv, o[j][i * 2 + 1] * inv);
+        for (int j = 0; j < ND; ++j) {
+          const int col = j * 8 + (lane % 4) * 2;
+          const uint32_t packed = M::pack(o[mb][j][i * 2] * inv, o[mb][j][i * 2 + 1] * inv);
+          *reinterpret_cast<uint32_t*>(out + (qrow * a.H + h) * D + col) = packed;
+        }
+      } else {
+        const float inv = any ? 1.f / l : 0.f;
+        const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;
+#pragma unroll
+        for (int j = 0; j < ND; ++j) {
+          const int col = j * 8 + (lane % 4) * 2;
+          *reinterpret_cast<float2*>(a.ws_o + ws_row * D + col) =
+              make_float2(o[mb][j][i * 2] * inv, o[mb][j][i * 2 + 1] * inv);
+        }
+        if (lane % 4 == 0) a.ws_lse[ws_row] = any ? m + log2f(l) : -INFINITY;
       }
-      if (lane % 4 == 0) a.ws_lse[ws_row] = any ? m_run[i] + log2f(l_run[i]) : -INFINITY;
     }
   }
 }
 
 // Rows owned by no sequence output 0; with split-K, owned rows merge their partitions (log2 space) and the
-// sink enters once. One block per query row.
+// sink enters once. Grid (rows, H), D threads: thread d of block (t, h) writes out[t, h, d].
 template <typename T, int D>
-__global__ void attention_epilogue_kernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(D) attention_epilogue_kernel(const AttentionArgs a) {
   using M = Mma<T>;
-  const int t = blockIdx.x;
+  const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   __shared__ int owned_s;
-  __shared__ float scale_s[64 * 1];  // unused placeholder to keep alignment simple
-  (void)scale_s;
-  if (threadIdx.x == 0) {
+  __shared__ float scale_s[2];  // m, 1 / denominator
+  if (d == 0) {
     bool owned;
     if (a.q_mode == kQPadded) {
       const int b = t / a.seq_rows, i = t % a.seq_rows;
       owned = i < iclamp(a.valid_lengths[b], 0, a.seq_rows);
     } else {
-      int64_t lo = imin(imax(0, a.q_offsets[0]), a.total_rows);
+      const int64_t lo = imin(imax(0, a.q_offsets[0]), a.total_rows);
       int64_t hi = lo;
       for (int b = 0; b < a.batch; ++b) hi = imax(hi, static_cast<int64_t>(a.q_offsets[b + 1]));
       hi = imin(hi, a.total_rows);
@@ -643,32 +687,41 @@ __global__ void attention_epilogue_kernel(const AttentionArgs a) {
     owned_s = owned ? 1 : 0;
   }
   __syncthreads();
-  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(t) * a.H * D;
+  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(t) * a.H + h) * D;
   if (!owned_s) {
-    for (int e = threadIdx.x; e < a.H * D; e += blockDim.x) out[e] = M::from_float(0.f);
+    out[d] = M::from_float(0.f);
     return;
   }
   if (a.num_partitions <= 1) return;
-  const T* sink = static_cast<const T*>(a.sink);
   const int np = a.num_partitions;
-  for (int e = threadIdx.x; e < a.H * D; e += blockDim.x) {
-    const int h = e / D, d = e % D;
+  const int64_t lse_stride = static_cast<int64_t>(a.total_rows) * a.H;
+  const float* lse = a.ws_lse + static_cast<int64_t>(t) * a.H + h;
+  if (d < 32) {  // one warp reduces the partitions' log2-sum-exps
     float m = -INFINITY;
-    for (int p = 0; p < np; ++p) m = fmaxf(m, a.ws_lse[(static_cast<int64_t>(p) * a.total_rows + t) * a.H + h]);
-    float acc = 0.f, den = 0.f;
-    if (m != -INFINITY) {
-      for (int p = 0; p < np; ++p) {
-        const int64_t wr = (static_cast<int64_t>(p) * a.total_rows + t) * a.H + h;
-        const float lse = a.ws_lse[wr];
-        if (lse == -INFINITY) continue;
-        const float f = exp2f(lse - m);
-        den += f;
-        acc += f * a.ws_o[wr * D + d];
-      }
-      if (sink != nullptr) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
+    for (int p = d; p < np; p += 32) m = fmaxf(m, lse[p * lse_stride]);
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, off));
+    float den = 0.f;
+    if (m != -INFINITY)
+      for (int p = d; p < np; p += 32) den += exp2f(lse[p * lse_stride] - m);
+    for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffff, den, off);
+    if (d == 0) {
+      const T* sink = static_cast<const T*>(a.sink);
+      if (sink != nullptr && m != -INFINITY) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
+      scale_s[0] = m;
+      scale_s[1] = den > 0.f ? 1.f / den : 0.f;
     }
-    out[e] = M::from_float(den > 0.f ? acc / den : 0.f);
   }
+  __syncthreads();
+  const float m = scale_s[0], inv = scale_s[1];
+  float acc = 0.f;
+  if (m != -INFINITY) {
+    for (int p = 0; p < np; ++p) {
+      const float l = lse[p * lse_stride];
+      if (l == -INFINITY) continue;
+      acc += exp2f(l - m) * a.ws_o[(p * lse_stride + static_cast<int64_t>(t) * a.H + h) * D + d];
+    }
+  }
+  out[d] = M::from_float(acc * inv);
 }
 
 }  // namespace cuda

@@ -27,12 +27,16 @@ Error check_launch(const char* target) {
 #define MSA_OPS_ATTENTION_CONFIGS(X)  \
   X(__nv_bfloat16, 64, 16, 3)         \
   X(__nv_bfloat16, 64, 64, 2)         \
+  X(__nv_bfloat16, 64, 128, 2)        \
   X(__nv_bfloat16, 128, 16, 3)        \
   X(__nv_bfloat16, 128, 64, 2)        \
+  X(__nv_bfloat16, 128, 128, 2)       \
   X(__half, 64, 16, 3)                \
   X(__half, 64, 64, 2)                \
+  X(__half, 64, 128, 2)               \
   X(__half, 128, 16, 3)               \
-  X(__half, 128, 64, 2)
+  X(__half, 128, 64, 2)               \
+  X(__half, 128, 128, 2)
 
 template <typename T, int D, int BM, int STAGES>
 Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, const char* target) {
@@ -46,7 +50,7 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     if (Error e = check_launch(target); e.failure()) return e;
   }
   if (a.total_rows > 0) {
-    attention_epilogue_kernel<T, D><<<a.total_rows, 256, 0, stream>>>(a);
+    attention_epilogue_kernel<T, D><<<dim3(a.total_rows, a.H), D, 0, stream>>>(a);
     return check_launch(target);
   }
   return Error::Success();
@@ -70,9 +74,10 @@ int ceil_div_i(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b);
 
 // Query tile height: the routing ladder's choice, or from shapes when the op has no plan.
 int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group) {
-  // Kernels exist for 16- and 64-row tiles; the ladder's 2q tile (128) runs as 64-row tiles for now.
-  if (requested > 0) return requested <= 16 ? 16 : 64;
-  return max_rows_per_seq * group <= 16 ? 16 : 64;
+  // Kernels exist for 16-, 64- and 128-row tiles (the ladder's 1q / 2q prefill tiles).
+  if (requested > 0) return requested <= 16 ? 16 : requested <= 64 ? 64 : 128;
+  const int64_t rows = max_rows_per_seq * group;
+  return rows <= 16 ? 16 : rows < 128 ? 64 : 128;
 }
 
 void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, int64_t mask, int64_t window,
