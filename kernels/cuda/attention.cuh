@@ -444,8 +444,9 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 #pragma unroll
     for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
     const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+    constexpr int kChunks = Cfg::kWarpKeys / Cfg::kChunkKeys;
 #pragma unroll 1
-    for (int kc = 0; kc < Cfg::kWarpKeys / Cfg::kChunkKeys; ++kc) {
+    for (int kc = 0; kc < kChunks; ++kc) {
     const int key_w0 = warp_n * Cfg::kWarpKeys + kc * Cfg::kChunkKeys;  // first key of this chunk in the tile
 
     // S = Q K^T for this warp's keys: each K fragment feeds all MB row blocks.
@@ -534,7 +535,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
         for (int e = 0; e < 4; ++e) {
           const int i = e / 2;
           // exp2(-inf) = 0 covers masked keys; rows with no visible key yet have m = -inf and all s = -inf.
-          p[e] = full ? exp2f(fmaf(s[mb][j][e], sl2, neg_m[i])) : exp2f(s[mb][j][e] + neg_m[i]);
+          const float x = full ? fmaf(s[mb][j][e], sl2, neg_m[i]) : s[mb][j][e] + neg_m[i];
+          p[e] = exp2f(x);  // one exponential per score
           l_run[mb][i] += p[e];
         }
         pf[mb][j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
@@ -664,35 +666,45 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   }
 }
 
-// Rows owned by no sequence output 0; with split-K, owned rows merge their partitions (log2 space) and the
-// sink enters once. Grid (rows, H), D threads: thread d of block (t, h) writes out[t, h, d].
+__device__ __forceinline__ bool row_owned(const AttentionArgs& a, int t) {
+  if (a.q_mode == kQPadded) {
+    const int b = t / a.seq_rows, i = t % a.seq_rows;
+    return i < iclamp(a.valid_lengths[b], 0, a.seq_rows);
+  }
+  const int64_t lo = imin(imax(0, a.q_offsets[0]), a.total_rows);
+  int64_t hi = lo;
+  for (int b = 0; b < a.batch; ++b) hi = imax(hi, static_cast<int64_t>(a.q_offsets[b + 1]));
+  return t >= lo && t < imin(hi, a.total_rows);
+}
+
+// Rows owned by no sequence output 0 (one block per row).
+template <typename T>
+__global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
+  using M = Mma<T>;
+  const int t = blockIdx.x;
+  __shared__ int owned_s;
+  if (threadIdx.x == 0) owned_s = row_owned(a, t) ? 1 : 0;
+  __syncthreads();
+  if (owned_s) return;
+  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(t) * row_elems;
+  for (int e = threadIdx.x; e < row_elems; e += blockDim.x) out[e] = M::from_float(0.f);
+}
+
+// Split-K: owned rows merge their partitions in log2 space, the sink entering once; unowned rows output 0.
+// Grid (rows, H), D threads: thread d of block (t, h) writes out[t, h, d].
 template <typename T, int D>
-__global__ void __launch_bounds__(D) attention_epilogue_kernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(D) split_k_combine_kernel(const AttentionArgs a) {
   using M = Mma<T>;
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   __shared__ int owned_s;
   __shared__ float scale_s[2];  // m, 1 / denominator
-  if (d == 0) {
-    bool owned;
-    if (a.q_mode == kQPadded) {
-      const int b = t / a.seq_rows, i = t % a.seq_rows;
-      owned = i < iclamp(a.valid_lengths[b], 0, a.seq_rows);
-    } else {
-      const int64_t lo = imin(imax(0, a.q_offsets[0]), a.total_rows);
-      int64_t hi = lo;
-      for (int b = 0; b < a.batch; ++b) hi = imax(hi, static_cast<int64_t>(a.q_offsets[b + 1]));
-      hi = imin(hi, a.total_rows);
-      owned = t >= lo && t < hi;
-    }
-    owned_s = owned ? 1 : 0;
-  }
+  if (d == 0) owned_s = row_owned(a, t) ? 1 : 0;
   __syncthreads();
   T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(t) * a.H + h) * D;
   if (!owned_s) {
     out[d] = M::from_float(0.f);
     return;
   }
-  if (a.num_partitions <= 1) return;
   const int np = a.num_partitions;
   const int64_t lse_stride = static_cast<int64_t>(a.total_rows) * a.H;
   const float* lse = a.ws_lse + static_cast<int64_t>(t) * a.H + h;

@@ -50,7 +50,10 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     if (Error e = check_launch(target); e.failure()) return e;
   }
   if (a.total_rows > 0) {
-    attention_epilogue_kernel<T, D><<<dim3(a.total_rows, a.H), D, 0, stream>>>(a);
+    if (a.num_partitions > 1)
+      split_k_combine_kernel<T, D><<<dim3(a.total_rows, a.H), D, 0, stream>>>(a);
+    else
+      zero_unowned_rows_kernel<T><<<a.total_rows, 128, 0, stream>>>(a, a.H * D);
     return check_launch(target);
   }
   return Error::Success();
