@@ -141,7 +141,17 @@ struct SeqTile {
   int kv_base;    // contiguous modes: first key row of the sequence
 };
 
-// Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile).
+// max(offsets[0..last]) computed by the calling warp (every lane gets it); strided loads in parallel.
+__device__ __forceinline__ int64_t warp_max_prefix(const int32_t* offsets, int last) {
+  const int lane = threadIdx.x & 31;
+  int64_t m = INT64_MIN;
+  for (int i = lane; i <= last; i += 32) m = imax(m, static_cast<int64_t>(offsets[i]));
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) m = imax(m, __shfl_xor_sync(0xffffffff, m, d));
+  return m;
+}
+
+// Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
 template <int BLOCK_M>
 __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
   SeqTile st;
@@ -158,22 +168,43 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
     st.n_q = n_q;
     st.q_base = b * a.seq_rows;
   } else {
-    // Repaired offsets (running max, clamped to [0, T]); tiles are numbered sequence by sequence.
-    int64_t run = imin(imax(0, a.q_offsets[0]), a.total_rows);
-    int first = 0;
-    for (int b = 0; b < a.batch; ++b) {
-      const int64_t next = imin(imax(run, static_cast<int64_t>(a.q_offsets[b + 1])), a.total_rows);
-      const int n = static_cast<int>(next - run);
+    // Repaired offsets (running max, clamped to [0, T]); tiles are numbered sequence by sequence. Each warp
+    // scans 32 sequences at a time (max-scan of the offsets, sum-scan of the tile counts) so a CTA finds its
+    // sequence in B/32 steps of parallel loads rather than B dependent ones.
+    const int lane = threadIdx.x & 31;
+    int64_t carry = imin(imax(0, a.q_offsets[0]), a.total_rows);  // eff[base]
+    int first = 0;                                                // tiles before sequence `base`
+    for (int base = 0; base < a.batch; base += 32) {
+      const int b = base + lane;
+      int64_t v = b < a.batch ? static_cast<int64_t>(a.q_offsets[b + 1]) : INT64_MIN;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int64_t u = __shfl_up_sync(0xffffffff, v, d);
+        if (lane >= d) v = imax(v, u);
+      }
+      const int64_t eff_next = imin(imax(carry, v), a.total_rows);  // eff[b + 1]
+      int64_t eff_prev = __shfl_up_sync(0xffffffff, eff_next, 1);
+      if (lane == 0) eff_prev = carry;
+      const int n = b < a.batch ? static_cast<int>(eff_next - eff_prev) : 0;
       const int tiles = (n * group + BLOCK_M - 1) / BLOCK_M;
-      if (tile < first + tiles) {
-        st.b = b;
-        st.n_q = n;
-        st.q_base = static_cast<int>(run);
-        st.row0 = (tile - first) * BLOCK_M;
+      int cs = tiles;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int u = __shfl_up_sync(0xffffffff, cs, d);
+        if (lane >= d) cs += u;
+      }
+      const unsigned hit = __ballot_sync(0xffffffff, b < a.batch && tile < first + cs);
+      if (hit) {
+        const int src = __ffs(hit) - 1;
+        const int excl = __shfl_sync(0xffffffff, cs - tiles, src);
+        st.b = base + src;
+        st.n_q = __shfl_sync(0xffffffff, n, src);
+        st.q_base = static_cast<int>(__shfl_sync(0xffffffff, eff_prev, src));
+        st.row0 = (tile - first - excl) * BLOCK_M;
         break;
       }
-      first += tiles;
-      run = next;
+      first += __shfl_sync(0xffffffff, cs, 31);
+      carry = __shfl_sync(0xffffffff, eff_next, 31);
     }
     if (st.b < 0) return st;
   }
@@ -186,8 +217,7 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
     st.kmax = imin(st.n_keys, s_max);
     st.kv_base = 0;
   } else if (a.kv_mode == kKvRagged) {
-    int64_t run = imin(imax(0, a.kv_offsets[0]), a.total_keys);
-    for (int j = 0; j < b; ++j) run = imin(imax(run, static_cast<int64_t>(a.kv_offsets[j + 1])), a.total_keys);
+    const int64_t run = imin(imax(0, warp_max_prefix(a.kv_offsets, b)), a.total_keys);  // eff_k[b]
     const int64_t next = imin(imax(run, static_cast<int64_t>(a.kv_offsets[b + 1])), a.total_keys);
     st.kv_base = static_cast<int>(run);
     st.n_keys = next - run;
@@ -666,15 +696,15 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   }
 }
 
+// Called by a whole warp: row t is owned iff eff[0] <= t < eff[B].
 __device__ __forceinline__ bool row_owned(const AttentionArgs& a, int t) {
   if (a.q_mode == kQPadded) {
     const int b = t / a.seq_rows, i = t % a.seq_rows;
     return i < iclamp(a.valid_lengths[b], 0, a.seq_rows);
   }
   const int64_t lo = imin(imax(0, a.q_offsets[0]), a.total_rows);
-  int64_t hi = lo;
-  for (int b = 0; b < a.batch; ++b) hi = imax(hi, static_cast<int64_t>(a.q_offsets[b + 1]));
-  return t >= lo && t < imin(hi, a.total_rows);
+  const int64_t hi = imin(imax(lo, warp_max_prefix(a.q_offsets, a.batch)), a.total_rows);
+  return t >= lo && t < hi;
 }
 
 // Rows owned by no sequence output 0 (one block per row).
@@ -683,7 +713,10 @@ __global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
   using M = Mma<T>;
   const int t = blockIdx.x;
   __shared__ int owned_s;
-  if (threadIdx.x == 0) owned_s = row_owned(a, t) ? 1 : 0;
+  if (threadIdx.x < 32) {
+    const bool owned = row_owned(a, t);
+    if (threadIdx.x == 0) owned_s = owned ? 1 : 0;
+  }
   __syncthreads();
   if (owned_s) return;
   T* out = static_cast<T*>(a.out) + static_cast<int64_t>(t) * row_elems;
@@ -698,7 +731,10 @@ __global__ void __launch_bounds__(D) split_k_combine_kernel(const AttentionArgs 
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   __shared__ int owned_s;
   __shared__ float scale_s[2];  // m, 1 / denominator
-  if (d == 0) owned_s = row_owned(a, t) ? 1 : 0;
+  if (d < 32) {
+    const bool owned = row_owned(a, t);
+    if (d == 0) owned_s = owned ? 1 : 0;
+  }
   __syncthreads();
   T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(t) * a.H + h) * D;
   if (!owned_s) {
