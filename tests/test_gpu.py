@@ -245,3 +245,49 @@ print("CHECKSUM", float(np.float64(outs[0]).sum()), float(np.abs(np.float64(outs
     assert "MAXDIFF 0.0" in graph.stdout, graph.stdout
     pick = [ln for ln in base.stdout.splitlines() if ln.startswith("CHECKSUM")]
     assert pick and pick == [ln for ln in graph.stdout.splitlines() if ln.startswith("CHECKSUM")]
+
+
+# ------------------------------------------------------------------------------------------ CUDA MSA
+
+def _msa_case(rng, scenario, group, topk, dtype, hkv=2):
+    batch = make_batch(rng, scenario, s_max=640)
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=128, max_pages=5,
+                             n_kv_heads=hkv, head_dim=128, dtype=dtype)
+    q = rand(rng, (batch.T, hkv * group, 128), dtype)
+    ids = rng.integers(-2, 7, (hkv, batch.T, topk)).astype(np.int32)  # -1/-2, ids past the sequence, > MP
+    if topk > 2:
+        ids[:, :, 1] = ids[:, :, 0]  # duplicates
+    return batch, cache, q, ids
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("scenario,group,topk,np_", [
+    ("decode", 4, 16, 0), ("decode", 8, 4, 3), ("decode1", 16, 64, 0), ("decode", 32, 8, 1),
+    ("spec", 4, 8, 0), ("spec", 1, 16, 2), ("prefill", 8, 4, 0), ("long", 4, 3, 0), ("mixed", 16, 5, 4),
+])
+def test_cuda_msa_matches_oracle(dtype, scenario, group, topk, np_):
+    rng = np.random.default_rng(hash((scenario, group, topk)) % 2**32)
+    batch, cache, q, ids = _msa_case(rng, scenario, group, topk, dtype)
+    args = (q, batch.offsets, None, cache.kv_blocks, batch.cache_lengths, cache.lut, 1, ids)
+    got = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_, implementation="native"),
+                  static_argnums=2)(*args)
+    want = oracle.msa_attention_ragged_paged(*args)
+    assert_close(got, want, budget_for(dtype))
+
+
+def test_cuda_msa_bad_values_and_cpu_agreement():
+    rng = np.random.default_rng(9)
+    batch, cache, q, ids = _msa_case(rng, "mixed", 4, 8, jnp.bfloat16)
+    lut = cache.lut.copy()
+    lut[0, :2] = [cache.kv_blocks.shape[0] + 3, -5]  # pages outside the pool
+    offs = batch.offsets.copy()
+    offs[2] = offs[1] - 1  # non-monotone
+    for layer in (0, 7):
+        args = (q, offs, None, cache.kv_blocks, batch.cache_lengths, lut, layer, ids)
+        f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=2, implementation="native"),
+                    static_argnums=2)
+        got = np.asarray(f(*args), np.float32)
+        assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
+        with jax.default_device(jax.devices("cpu")[0]):
+            cpu = np.asarray(f(*args), np.float32)
+        assert np.abs(got - cpu).max() < 3e-2

@@ -74,6 +74,16 @@ def _msa_plan(q, offsets, cache_row_offsets, kv, cache_lengths, lookup, layer_id
     )
 
 
+CUDA_MAX_TOPK = 256
+
+
+def _msa_native_supports(*avals, attrs, platform) -> str | None:
+    topk = avals[7].shape[2]
+    if platform == "cuda" and topk > CUDA_MAX_TOPK:
+        return f"the CUDA kernel takes topk <= {CUDA_MAX_TOPK}, got {topk}"
+    return None
+
+
 def _msa_abstract(*avals, attrs):
     t, h, d = _msa_check(*avals)
     plan = _msa_plan(*avals, attrs=attrs)
@@ -120,6 +130,7 @@ MSA_ATTENTION = register(OpDef(
     native=_msa_native,
     ffi_target="msa_ops_msa_attention",
     plan=_msa_plan,
+    native_supports=_msa_native_supports,
     doc="Block-sparse top-k attention over the paged cache (MiniMax Sparse Attention).",
 ))
 

@@ -1,0 +1,517 @@
+// CUDA handler of mo.msa.attention.ragged.paged (MiniMax Sparse Attention, SEMANTICS.md §7).
+//
+// One CTA = one query token, one kv head, one block of 16 query heads of its group, one split-K partition of
+// the token's top-k slots. The CTA compacts its slots into a list of 64-key tiles (valid, first occurrence,
+// inside the sequence, at or before the token's position) and streams them through the same cp.async ring,
+// swizzled shared memory and mma.sync pipeline as the dense decode kernel, with the four warps splitting
+// each tile's keys. FP8 (e4m3) K/V and q are widened to bf16 in shared memory (exactly: every e4m3 value is
+// a bf16 value), so both dtypes share the bf16 MMA path; softmax and accumulation are f32, output bf16.
+// Split-K partials merge in split_k_combine_kernel (attention.cuh), which also zeroes padding rows.
+// This first version serves every route (decode, speculative, prefill) per token; it reads each selected
+// block once per token, so prefill does not reuse K/V across tokens yet.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attention.cuh"
+#include "msa_ops/common.h"
+#include "msa_ops/ffi.h"
+
+namespace msa_ops {
+namespace cuda {
+namespace {
+
+constexpr int kD = 128;       // MSA head dim
+constexpr int kBlock = 128;   // keys per selected block (one page)
+constexpr int kBN = 64;       // keys per tile
+constexpr int kThreads = 128;
+constexpr int kStages = 3;
+constexpr int kMaxTopk = 256;  // slots one CTA compacts in shared memory (larger topk: reference)
+
+struct MsaArgs {
+  const void* q;  // [T, H, 128]
+  __nv_bfloat16* out;
+  const int32_t* offsets;
+  const int32_t* cache_lengths;
+  const void* kv;  // [NB, 2, L, 128, Hkv, 128]
+  const int32_t* lookup;
+  const int32_t* layer_ptr;
+  const int32_t* d_indices;  // [Hkv, T, topk]
+  int T, B, H, Hkv, group, topk;
+  int num_blocks, num_layers, max_pages;
+  float scale_log2;
+  int num_partitions;
+  float* ws_o;
+  float* ws_lse;
+};
+
+// Sequence owning row t (repaired offsets), or -1; eff_b = first row of that sequence. Whole-warp call.
+__device__ __forceinline__ int owner_of(const MsaArgs& a, int t, int64_t* eff_b, int64_t* eff_b1) {
+  const int lane = threadIdx.x & 31;
+  int64_t carry = imin(imax(0, a.offsets[0]), a.T);
+  if (t < carry) return -1;
+  for (int base = 0; base < a.B; base += 32) {
+    const int b = base + lane;
+    int64_t v = b < a.B ? static_cast<int64_t>(a.offsets[b + 1]) : INT64_MIN;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int64_t u = __shfl_up_sync(0xffffffff, v, d);
+      if (lane >= d) v = imax(v, u);
+    }
+    const int64_t next = imin(imax(carry, v), a.T);
+    int64_t prev = __shfl_up_sync(0xffffffff, next, 1);
+    if (lane == 0) prev = carry;
+    const unsigned hit = __ballot_sync(0xffffffff, b < a.B && t < next);
+    if (hit) {
+      const int src = __ffs(hit) - 1;
+      *eff_b = __shfl_sync(0xffffffff, prev, src);
+      *eff_b1 = __shfl_sync(0xffffffff, next, src);
+      return base + src;
+    }
+    carry = __shfl_sync(0xffffffff, next, 31);
+  }
+  return -1;
+}
+
+template <typename KV>
+struct KvTraits;
+template <>
+struct KvTraits<__nv_bfloat16> {
+  static constexpr bool kWiden = false;
+  static constexpr int kBytes = 2;
+};
+template <>
+struct KvTraits<__nv_fp8_e4m3> {
+  static constexpr bool kWiden = true;
+  static constexpr int kBytes = 1;
+};
+
+template <typename KV>
+struct MsaSmem {
+  static constexpr int kRowBytes = kD * KvTraits<KV>::kBytes;          // one key row of K (or V)
+  static constexpr int kStageBytes = 2 * kBN * kRowBytes;              // K + V tile as loaded
+  static constexpr int kWideBytes = KvTraits<KV>::kWiden ? 2 * kBN * kD * 2 : 0;  // widened bf16 K + V
+  static constexpr int kQBytes = 16 * kD * 2;
+  static constexpr int kListBytes = 4 * kMaxTopk * 4 + 64;  // two tiles per slot: key0[], page[]
+  static constexpr int kMergeBytes = 4 * (16 * kD + 32) * 4;
+  static constexpr int kMain = kStages * kStageBytes + kWideBytes;
+  static constexpr int kBytesTotal = kQBytes + kListBytes + (kMain > kMergeBytes ? kMain : kMergeBytes);
+};
+
+template <typename KV>
+__global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a) {
+  using M = Mma<__nv_bfloat16>;
+  using S = MsaSmem<KV>;
+  constexpr int ND = kD / 8, KD = kD / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
+  int* sTiles = reinterpret_cast<int*>(smem + S::kQBytes);  // key0 of each tile
+  int* sPages = sTiles + 2 * kMaxTopk;                        // its page
+  int* sCount = sTiles + 4 * kMaxTopk;
+  unsigned char* ring = smem + S::kQBytes + S::kListBytes;
+  __nv_bfloat16* sWide = reinterpret_cast<__nv_bfloat16*>(ring + kStages * S::kStageBytes);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int row_blocks = (a.group + 15) / 16;
+  const int t = blockIdx.x / row_blocks;
+  const int g0 = (blockIdx.x % row_blocks) * 16;
+  const int hkv = blockIdx.y, part = blockIdx.z;
+
+  int64_t e0 = 0, e1 = 0;
+  const int b = owner_of(a, t, &e0, &e1);
+  if (b < 0) return;  // padding row: zeroed by the epilogue
+  const int64_t s_max = static_cast<int64_t>(a.max_pages) * kBlock;
+  const int64_t c = iclamp(a.cache_lengths[b], 0, s_max);
+  const int64_t p = c + (t - e0);
+  const int64_t n_keys = c + (e1 - e0);
+  const int kmax = static_cast<int>(imin(n_keys, s_max));
+  const int layer = *a.layer_ptr;
+  const bool layer_ok = layer >= 0 && layer < a.num_layers;
+  const int32_t* lut_row = a.lookup + static_cast<int64_t>(b) * a.max_pages;
+  const int32_t* ids = a.d_indices + (static_cast<int64_t>(hkv) * a.T + t) * a.topk;
+
+  // ---- compact this partition's slots into tiles: valid id, first occurrence, key range before p.
+  const int topk = min(a.topk, kMaxTopk);
+  const int per = (topk + a.num_partitions - 1) / a.num_partitions;
+  const int s_lo = min(topk, part * per), s_hi = min(topk, (part + 1) * per);
+  if (tid == 0) *sCount = 0;
+  __syncthreads();
+  if (warp == 0) {
+    int count = 0;
+    for (int base = s_lo; base < s_hi; base += 32) {
+      const int slot = base + lane;
+      bool ok = false;
+      int id = -1, page = -1;
+      if (slot < s_hi && layer_ok) {
+        id = ids[slot];
+        ok = id >= 0 && id < a.max_pages && static_cast<int64_t>(id) * kBlock < n_keys &&
+             static_cast<int64_t>(id) * kBlock <= p;
+        for (int j = 0; ok && j < slot; ++j) ok = ids[j] != id;  // a repeated id counts at its first slot
+        if (ok) {
+          page = lut_row[id];
+          ok = page >= 0 && page < a.num_blocks;
+        }
+      }
+      // Each valid block gives one or two 64-key tiles (the second only if it holds keys <= p and < kmax).
+      const int key0 = id * kBlock;
+      const bool second = ok && key0 + kBN <= p && key0 + kBN < kmax;
+      const int n_here = (ok ? 1 : 0) + (second ? 1 : 0);
+      int pre = n_here;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int u = __shfl_up_sync(0xffffffff, pre, d);
+        if (lane >= d) pre += u;
+      }
+      const int at = count + pre - n_here;
+      if (ok) {
+        sTiles[at] = key0;
+        sPages[at] = page;
+      }
+      if (second) {
+        sTiles[at + 1] = key0 + kBN;
+        sPages[at + 1] = page;
+      }
+      count += __shfl_sync(0xffffffff, pre, 31);
+    }
+    if (lane == 0) *sCount = count;
+  }
+
+  // ---- Q rows (16 heads of the group, zero past the group), widened to bf16, swizzled.
+  const int rows = min(16, a.group - g0);
+  for (int cidx = tid; cidx < 16 * (kD / 8); cidx += kThreads) {
+    const int r = cidx / (kD / 8), ch = cidx % (kD / 8);
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (r < rows) {
+      const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
+      if constexpr (KvTraits<KV>::kWiden) {
+        const __nv_fp8_e4m3* src = static_cast<const __nv_fp8_e4m3*>(a.q) + (static_cast<int64_t>(t) * a.H + h) * kD + ch * 8;
+        __nv_bfloat16 w[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[e] = __float2bfloat16_rn(static_cast<float>(src[e]));
+        val = *reinterpret_cast<uint4*>(w);
+      } else {
+        val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.q) +
+                                              (static_cast<int64_t>(t) * a.H + h) * kD + ch * 8);
+      }
+    }
+    *reinterpret_cast<uint4*>(sQ + SwizzledTile<kD>::offset(r, ch)) = val;
+  }
+  __syncthreads();
+  const int num_tiles = *sCount;
+
+  // ---- tile loader: 64 consecutive key slots of one page, K and V, 16-byte chunks.
+  const KV* kvb = static_cast<const KV*>(a.kv);
+  const int64_t row_stride = static_cast<int64_t>(a.Hkv) * kD;
+  const int64_t kv_half = static_cast<int64_t>(a.num_layers) * kBlock * row_stride;
+  const int64_t head_off = static_cast<int64_t>(layer) * kBlock * row_stride + static_cast<int64_t>(hkv) * kD;
+  constexpr int kChunksRow = S::kRowBytes / 16;  // 16 (bf16) or 8 (fp8)
+  auto load_tile = [&](int i, int stage) {
+    unsigned char* sK = ring + stage * S::kStageBytes;
+    unsigned char* sV = sK + kBN * S::kRowBytes;
+    const int key0 = sTiles[i];
+    const int64_t page_off = static_cast<int64_t>(sPages[i]) * 2 * kv_half + head_off;
+    for (int cidx = tid; cidx < kBN * kChunksRow; cidx += kThreads) {
+      const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
+      const int key = key0 + r;
+      const bool ok = key < kmax;
+      const int64_t off = page_off + static_cast<int64_t>(key % kBlock) * row_stride;
+      const unsigned char* srcK = reinterpret_cast<const unsigned char*>(kvb + off) + ch * 16;
+      const unsigned char* srcV = reinterpret_cast<const unsigned char*>(kvb + off + kv_half) + ch * 16;
+      // bf16 tiles are stored swizzled for ldmatrix; fp8 tiles are widened (and swizzled) afterwards.
+      const int dst = KvTraits<KV>::kWiden ? r * S::kRowBytes + ch * 16
+                                           : SwizzledTile<kD>::offset(r, ch) * 2;
+      cp_async16(smem_addr(sK + dst), ok ? srcK : reinterpret_cast<const unsigned char*>(kvb), ok);
+      cp_async16(smem_addr(sV + dst), ok ? srcV : reinterpret_cast<const unsigned char*>(kvb), ok);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  uint32_t qf[KD][4];
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    const int r = lane % 16, ch = kk * 2 + lane / 16;
+    ldmatrix_x4(qf[kk], smem_addr(sQ + SwizzledTile<kD>::offset(r, ch)));
+  }
+
+  float o[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const int key_w0 = warp * 16;  // the warp's 16 keys of each tile
+  const float sl2 = a.scale_log2;
+  const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int stage = it % kStages;
+    {
+      const int nxt = it + kStages - 1;
+      if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
+      cp_async_commit();
+    }
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const __nv_bfloat16* sK;
+    const __nv_bfloat16* sV;
+    if constexpr (KvTraits<KV>::kWiden) {
+      // Widen the fp8 tile into the bf16 buffer (exact), swizzled for ldmatrix.
+      const unsigned char* rK = ring + stage * S::kStageBytes;
+      const unsigned char* rV = rK + kBN * S::kRowBytes;
+      __nv_bfloat16* wK = sWide;
+      __nv_bfloat16* wV = sWide + kBN * kD;
+      for (int cidx = tid; cidx < 2 * kBN * (kD / 8); cidx += kThreads) {
+        const int which = cidx / (kBN * (kD / 8));
+        const int rem = cidx % (kBN * (kD / 8));
+        const int r = rem / (kD / 8), ch = rem % (kD / 8);
+        const __nv_fp8_e4m3* src = reinterpret_cast<const __nv_fp8_e4m3*>((which ? rV : rK) + r * S::kRowBytes + ch * 8);
+        __nv_bfloat16 w[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[e] = __float2bfloat16_rn(static_cast<float>(src[e]));
+        *reinterpret_cast<uint4*>((which ? wV : wK) + SwizzledTile<kD>::offset(r, ch)) = *reinterpret_cast<uint4*>(w);
+      }
+      __syncthreads();
+      sK = wK;
+      sV = wV;
+    } else {
+      sK = reinterpret_cast<const __nv_bfloat16*>(ring + stage * S::kStageBytes);
+      sV = sK + kBN * kD;
+    }
+    const int key0 = sTiles[it];
+
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      uint32_t kf[4];
+      const int mtx = lane / 8, r8 = lane % 8;
+      const int key = key_w0 + r8 + (mtx / 2) * 8;
+      const int ch = kk * 2 + (mtx % 2);
+      ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<kD>::offset(key, ch)));
+      M::run(s[0], qf[kk], kf);
+      M::run(s[1], qf[kk], kf + 2);
+    }
+    float m_new[2] = {m_run[0], m_run[1]};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
+        const bool vis = key <= p32 && key < kmax;
+        s[j][e] = vis ? s[j][e] * sl2 : -INFINITY;
+        m_new[e / 2] = fmaxf(m_new[e / 2], s[j][e]);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+      corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
+      m_run[i] = m_new[i];
+      l_run[i] *= corr[i];
+    }
+    if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        o[j][2] *= corr[1];
+        o[j][3] *= corr[1];
+      }
+    }
+    uint32_t pf[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float pv[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float nm = m_run[e / 2] == -INFINITY ? 0.f : -m_run[e / 2];
+        pv[e] = exp2f(s[j][e] + nm);
+        l_run[e / 2] += pv[e];
+      }
+      pf[j * 2 + 0] = M::pack(pv[0], pv[1]);
+      pf[j * 2 + 1] = M::pack(pv[2], pv[3]);
+    }
+#pragma unroll
+    for (int jd = 0; jd < ND; jd += 2) {
+      uint32_t vf[4];
+      const int mtx = lane / 8, r8 = lane % 8;
+      const int key = key_w0 + r8 + (mtx % 2) * 8;
+      const int ch = jd + (mtx / 2);
+      ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<kD>::offset(key, ch)));
+      M::run(o[jd], pf, vf);
+      M::run(o[jd + 1], pf, vf + 2);
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
+  }
+  // Merge the four key-split warps.
+  __syncthreads();
+  float* mo = reinterpret_cast<float*>(ring);
+  float* ml = mo + 4 * 16 * kD;
+#pragma unroll
+  for (int j = 0; j < ND; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      mo[(warp * 16 + lane / 4 + (e / 2) * 8) * kD + j * 8 + (lane % 4) * 2 + (e % 2)] = o[j][e];
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      ml[(warp * 16 + lane / 4 + i * 8) * 2 + 0] = m_run[i];
+      ml[(warp * 16 + lane / 4 + i * 8) * 2 + 1] = l_run[i];
+    }
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = lane / 4 + i * 8;
+    float mt = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
+    float f[4], lt = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float mw = ml[(w * 16 + r) * 2];
+      f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
+      lt += f[w] * ml[(w * 16 + r) * 2 + 1];
+    }
+    if (r >= rows) continue;
+    const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
+    const bool any = lt > 0.f;
+    const float inv = any ? 1.f / lt : 0.f;
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        v0 += f[w] * mo[(w * 16 + r) * kD + col];
+        v1 += f[w] * mo[(w * 16 + r) * kD + col + 1];
+      }
+      if (a.num_partitions <= 1) {
+        *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + col) = M::pack(v0 * inv, v1 * inv);
+      } else {
+        const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
+        *reinterpret_cast<float2*>(a.ws_o + wr * kD + col) = make_float2(v0 * inv, v1 * inv);
+        if (j == 0 && lane % 4 == 0) a.ws_lse[wr] = any ? mt + log2f(lt) : -INFINITY;
+      }
+    }
+  }
+}
+
+template <typename KV>
+Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
+  using S = MsaSmem<KV>;
+  auto kernel = msa_attention_kernel<KV>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
+  const int row_blocks = (m.group + 15) / 16;
+  if (m.T > 0 && m.topk > 0) {
+    dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
+    kernel<<<grid, kThreads, S::kBytesTotal, stream>>>(m);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+      return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
+  }
+  // Rows owned by no sequence (and, with split-K, every row's merge) go through the dense epilogues.
+  AttentionArgs a{};
+  a.out = m.out;
+  a.q_mode = kQRagged;
+  a.total_rows = m.T;
+  a.batch = m.B;
+  a.q_offsets = m.offsets;
+  a.H = m.H;
+  a.num_partitions = m.num_partitions;
+  a.ws_o = m.ws_o;
+  a.ws_lse = m.ws_lse;
+  if (m.T > 0) {
+    if (m.num_partitions > 1)
+      split_k_combine_kernel<__nv_bfloat16, kD><<<dim3(m.T, m.H), kD, 0, stream>>>(a);
+    else
+      zero_unowned_rows_kernel<__nv_bfloat16><<<m.T, 128, 0, stream>>>(a, m.H * kD);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+      return Error::Internal(std::string(target) + ": epilogue launch failed: " + cudaGetErrorString(e));
+  }
+  return Error::Success();
+}
+
+}  // namespace
+
+Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffer cache_row_offsets, AnyBuffer kv,
+                   AnyBuffer cache_lengths, AnyBuffer lut, AnyBuffer layer, AnyBuffer d_indices, double scale,
+                   int64_t num_partitions, AnyResult out, AnyResult ws_o, AnyResult ws_lse) {
+  const char* target = "msa_ops_msa_attention";
+  (void)cache_row_offsets;  // accepted for MAX compatibility; not read (SEMANTICS.md §7)
+  const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(kv, 4);
+  const DataType dt = q.element_type();
+  if (dt != kv.element_type() || (dt != DataType::BF16 && dt != DataType::F8E4M3FN))
+    return invalid(target, "q and kv_blocks must both be bf16 or both float8_e4m3fn");
+  if (D != kD || dim(kv, 3) != kBlock || dim(kv, 5) != kD) return invalid(target, "MSA needs head_dim 128, page 128");
+  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(lut, 0) != B || dim(d_indices, 0) != Hkv || dim(d_indices, 1) != T)
+    return invalid(target, "bad shapes");
+  const int64_t topk = dim(d_indices, 2);
+  if (topk > kMaxTopk) return invalid(target, "topk above " + std::to_string(kMaxTopk) + " is not supported on CUDA");
+  if (dim(lut, 1) * kBlock >= (int64_t{1} << 30)) return invalid(target, "max_pages * 128 must be < 2^30");
+  MsaArgs m{};
+  m.q = q.untyped_data();
+  m.out = static_cast<__nv_bfloat16*>(out->untyped_data());
+  m.offsets = static_cast<const int32_t*>(offsets.untyped_data());
+  m.cache_lengths = static_cast<const int32_t*>(cache_lengths.untyped_data());
+  m.kv = kv.untyped_data();
+  m.lookup = static_cast<const int32_t*>(lut.untyped_data());
+  m.layer_ptr = static_cast<const int32_t*>(layer.untyped_data());
+  m.d_indices = static_cast<const int32_t*>(d_indices.untyped_data());
+  m.T = static_cast<int>(T);
+  m.B = static_cast<int>(B);
+  m.H = static_cast<int>(H);
+  m.Hkv = static_cast<int>(Hkv);
+  m.group = static_cast<int>(H / Hkv);
+  m.topk = static_cast<int>(topk);
+  m.num_blocks = static_cast<int>(dim(kv, 0));
+  m.num_layers = static_cast<int>(dim(kv, 2));
+  m.max_pages = static_cast<int>(dim(lut, 1));
+  m.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  m.num_partitions = static_cast<int>(iclamp(num_partitions, 1, kMaxPartitions));
+  if (m.num_partitions > 1) {
+    if (dim(*ws_o, 0) < m.num_partitions || dim(*ws_lse, 0) < m.num_partitions)
+      return invalid(target, "split-K workspace smaller than num_partitions");
+    m.ws_o = static_cast<float*>(ws_o->untyped_data());
+    m.ws_lse = static_cast<float*>(ws_lse->untyped_data());
+  }
+  if (dt == DataType::BF16) return launch<__nv_bfloat16>(stream, m, target);
+  return launch<__nv_fp8_e4m3>(stream, m, target);
+}
+
+}  // namespace cuda
+}  // namespace msa_ops
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_msa_attention, msa_ops::cuda::MsaAttention,
+                              msa_ops::ffi::Ffi::Bind()
+                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<msa_ops::AnyBuffer>()  // q
+                                  .Arg<msa_ops::AnyBuffer>()  // input_row_offsets
+                                  .Arg<msa_ops::AnyBuffer>()  // cache_row_offsets
+                                  .Arg<msa_ops::AnyBuffer>()  // kv_blocks
+                                  .Arg<msa_ops::AnyBuffer>()  // cache_lengths
+                                  .Arg<msa_ops::AnyBuffer>()  // kv_lookup_table
+                                  .Arg<msa_ops::AnyBuffer>()  // layer_idx
+                                  .Arg<msa_ops::AnyBuffer>()  // d_indices
+                                  .Attr<double>("scale")
+                                  .Attr<int64_t>("num_partitions")
+                                  .Ret<msa_ops::AnyBuffer>()
+                                  .Ret<msa_ops::AnyBuffer>()
+                                  .Ret<msa_ops::AnyBuffer>(),
+                              {msa_ops::ffi::Traits::kCmdBufferCompatible});
