@@ -4,8 +4,8 @@
 // the token's top-k slots. The CTA compacts its slots into a list of 64-key tiles (valid, first occurrence,
 // inside the sequence, at or before the token's position) and streams them through the same cp.async ring,
 // swizzled shared memory and mma.sync pipeline as the dense decode kernel, with the four warps splitting
-// each tile's keys. FP8 (e4m3) K/V and q are widened to bf16 in shared memory (exactly: every e4m3 value is
-// a bf16 value), so both dtypes share the bf16 MMA path; softmax and accumulation are f32, output bf16.
+// each tile's keys. FP8 (e4m3) K/V and q are widened to f16 in shared memory with paired conversions (exact:
+// every e4m3 value is an f16 value) and run the f16 MMA; softmax and accumulation are f32, output bf16.
 // Split-K partials merge in split_k_combine_kernel (attention.cuh), which also zeroes padding rows.
 // This first version serves every route (decode, speculative, prefill) per token; it reads each selected
 // block once per token, so prefill does not reuse K/V across tokens yet.
@@ -82,12 +82,29 @@ template <>
 struct KvTraits<__nv_bfloat16> {
   static constexpr bool kWiden = false;
   static constexpr int kBytes = 2;
+  using Wide = __nv_bfloat16;  // MMA operand type
 };
 template <>
 struct KvTraits<__nv_fp8_e4m3> {
   static constexpr bool kWiden = true;
   static constexpr int kBytes = 1;
+  using Wide = __half;  // e4m3 -> f16 is exact and has a paired conversion instruction
 };
+
+// 8 e4m3 values (8 bytes) -> 8 f16 values (16 bytes), four paired conversions.
+__device__ __forceinline__ uint4 widen8(uint2 raw) {
+  __half2_raw h[4];
+  h[0] = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.x & 0xffffu), __NV_E4M3);
+  h[1] = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.x >> 16), __NV_E4M3);
+  h[2] = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.y & 0xffffu), __NV_E4M3);
+  h[3] = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.y >> 16), __NV_E4M3);
+  uint4 out;
+  out.x = static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[0].y) << 16);
+  out.y = static_cast<uint32_t>(h[1].x) | (static_cast<uint32_t>(h[1].y) << 16);
+  out.z = static_cast<uint32_t>(h[2].x) | (static_cast<uint32_t>(h[2].y) << 16);
+  out.w = static_cast<uint32_t>(h[3].x) | (static_cast<uint32_t>(h[3].y) << 16);
+  return out;
+}
 
 template <typename KV>
 struct MsaSmem {
@@ -95,7 +112,7 @@ struct MsaSmem {
   static constexpr int kStageBytes = 2 * kBN * kRowBytes;              // K + V tile as loaded
   static constexpr int kWideBytes = KvTraits<KV>::kWiden ? 2 * kBN * kD * 2 : 0;  // widened bf16 K + V
   static constexpr int kQBytes = 16 * kD * 2;
-  static constexpr int kListBytes = 4 * kMaxTopk * 4 + 64;  // two tiles per slot: key0[], page[]
+  static constexpr int kListBytes = 5 * kMaxTopk * 4 + 64;  // key0[2*topk], page[2*topk], ids[topk], count
   static constexpr int kMergeBytes = 4 * (16 * kD + 32) * 4;
   static constexpr int kMain = kStages * kStageBytes + kWideBytes;
   static constexpr int kBytesTotal = kQBytes + kListBytes + (kMain > kMergeBytes ? kMain : kMergeBytes);
@@ -103,16 +120,18 @@ struct MsaSmem {
 
 template <typename KV>
 __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a) {
-  using M = Mma<__nv_bfloat16>;
+  using W = typename KvTraits<KV>::Wide;
+  using M = Mma<W>;
   using S = MsaSmem<KV>;
   constexpr int ND = kD / 8, KD = kD / 16;
   extern __shared__ __align__(128) unsigned char smem[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
+  W* sQ = reinterpret_cast<W*>(smem);
   int* sTiles = reinterpret_cast<int*>(smem + S::kQBytes);  // key0 of each tile
   int* sPages = sTiles + 2 * kMaxTopk;                        // its page
-  int* sCount = sTiles + 4 * kMaxTopk;
+  int* sIds = sTiles + 4 * kMaxTopk;                          // the token's slots
+  int* sCount = sIds + kMaxTopk;
   unsigned char* ring = smem + S::kQBytes + S::kListBytes;
-  __nv_bfloat16* sWide = reinterpret_cast<__nv_bfloat16*>(ring + kStages * S::kStageBytes);
+  W* sWide = reinterpret_cast<W*>(ring + kStages * S::kStageBytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int row_blocks = (a.group + 15) / 16;
@@ -137,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   const int topk = min(a.topk, kMaxTopk);
   const int per = (topk + a.num_partitions - 1) / a.num_partitions;
   const int s_lo = min(topk, part * per), s_hi = min(topk, (part + 1) * per);
-  if (tid == 0) *sCount = 0;
+  for (int i = tid; i < topk; i += kThreads) sIds[i] = ids[i];
   __syncthreads();
   if (warp == 0) {
     int count = 0;
@@ -146,10 +165,10 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       bool ok = false;
       int id = -1, page = -1;
       if (slot < s_hi && layer_ok) {
-        id = ids[slot];
+        id = sIds[slot];
         ok = id >= 0 && id < a.max_pages && static_cast<int64_t>(id) * kBlock < n_keys &&
              static_cast<int64_t>(id) * kBlock <= p;
-        for (int j = 0; ok && j < slot; ++j) ok = ids[j] != id;  // a repeated id counts at its first slot
+        for (int j = 0; ok && j < slot; ++j) ok = sIds[j] != id;  // a repeated id counts at its first slot
         if (ok) {
           page = lut_row[id];
           ok = page >= 0 && page < a.num_blocks;
@@ -187,11 +206,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     if (r < rows) {
       const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
       if constexpr (KvTraits<KV>::kWiden) {
-        const __nv_fp8_e4m3* src = static_cast<const __nv_fp8_e4m3*>(a.q) + (static_cast<int64_t>(t) * a.H + h) * kD + ch * 8;
-        __nv_bfloat16 w[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) w[e] = __float2bfloat16_rn(static_cast<float>(src[e]));
-        val = *reinterpret_cast<uint4*>(w);
+        const unsigned char* src =
+            static_cast<const unsigned char*>(a.q) + (static_cast<int64_t>(t) * a.H + h) * kD + ch * 8;
+        val = widen8(*reinterpret_cast<const uint2*>(src));
       } else {
         val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.q) +
                                               (static_cast<int64_t>(t) * a.H + h) * kD + ch * 8);
@@ -258,29 +275,26 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     }
     cp_async_wait<kStages - 1>();
     __syncthreads();
-    const __nv_bfloat16* sK;
-    const __nv_bfloat16* sV;
+    const W* sK;
+    const W* sV;
     if constexpr (KvTraits<KV>::kWiden) {
-      // Widen the fp8 tile into the bf16 buffer (exact), swizzled for ldmatrix.
+      // Widen the fp8 tile into the f16 buffer (exact), swizzled for ldmatrix.
       const unsigned char* rK = ring + stage * S::kStageBytes;
       const unsigned char* rV = rK + kBN * S::kRowBytes;
-      __nv_bfloat16* wK = sWide;
-      __nv_bfloat16* wV = sWide + kBN * kD;
+      W* wK = sWide;
+      W* wV = sWide + kBN * kD;
       for (int cidx = tid; cidx < 2 * kBN * (kD / 8); cidx += kThreads) {
         const int which = cidx / (kBN * (kD / 8));
         const int rem = cidx % (kBN * (kD / 8));
         const int r = rem / (kD / 8), ch = rem % (kD / 8);
-        const __nv_fp8_e4m3* src = reinterpret_cast<const __nv_fp8_e4m3*>((which ? rV : rK) + r * S::kRowBytes + ch * 8);
-        __nv_bfloat16 w[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) w[e] = __float2bfloat16_rn(static_cast<float>(src[e]));
-        *reinterpret_cast<uint4*>((which ? wV : wK) + SwizzledTile<kD>::offset(r, ch)) = *reinterpret_cast<uint4*>(w);
+        const uint2 raw = *reinterpret_cast<const uint2*>((which ? rV : rK) + r * S::kRowBytes + ch * 8);
+        *reinterpret_cast<uint4*>((which ? wV : wK) + SwizzledTile<kD>::offset(r, ch)) = widen8(raw);
       }
       __syncthreads();
       sK = wK;
       sV = wV;
     } else {
-      sK = reinterpret_cast<const __nv_bfloat16*>(ring + stage * S::kStageBytes);
+      sK = reinterpret_cast<const W*>(ring + stage * S::kStageBytes);
       sV = sK + kBN * kD;
     }
     const int key0 = sTiles[it];
@@ -404,7 +418,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
         v1 += f[w] * mo[(w * 16 + r) * kD + col + 1];
       }
       if (a.num_partitions <= 1) {
-        *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + col) = M::pack(v0 * inv, v1 * inv);
+        *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + col) =
+            Mma<__nv_bfloat16>::pack(v0 * inv, v1 * inv);  // the output is bf16 for both KV dtypes
       } else {
         const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
         *reinterpret_cast<float2*>(a.ws_o + wr * kD + col) = make_float2(v0 * inv, v1 * inv);
