@@ -140,15 +140,15 @@ def plan_msa(
 ) -> Plan:
     """Ladder for ``mo.msa.attention.ragged.paged``: decode (max_q 1), speculative (2..8), prefill (> 8).
 
-    Decode splits the ``topk`` selected blocks over partitions: ``min(clamp(2*sm_count // (B*Hkv), 1, 32),
-    max(1, topk // 4))`` (two decode CTAs per SM, as for dense decode) unless ``num_partitions`` overrides it
-    (capped at ``topk``).
+    Decode splits the ``topk`` selected blocks over partitions: ``min(clamp(sm_count // (B*Hkv), 1, 32),
+    max(1, topk // 4))`` unless ``num_partitions`` overrides it (capped at ``topk``). (Aiming at two CTAs per SM,
+    as dense decode does, measured slower for MSA v1: the per-CTA slot compaction is repeated per partition.)
     """
     group = max(1, n_heads // max(1, n_kv_heads))
     max_q = estimate_max_q(total_rows, batch, max_prompt_length)
     op = "mo.msa.attention.ragged.paged"
     if max_q == 1:
-        by_sm = (sm_count * DECODE_CTAS_PER_SM) // max(1, batch * n_kv_heads)
+        by_sm = sm_count // max(1, batch * n_kv_heads)
         auto = min(max(1, min(by_sm, MAX_PARTITIONS)), max(1, topk // 4))
         np_ = num_partitions if num_partitions > 0 else auto
         np_ = max(1, min(np_, max(1, topk)))

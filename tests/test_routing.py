@@ -91,7 +91,7 @@ def test_msa_routes(t, b, route):
 
 def test_msa_decode_partitions():
     p = routing.plan_msa(total_rows=32, batch=32, n_heads=32, n_kv_heads=4, topk=64, max_keys_static=1 << 17)
-    assert p.num_partitions == 2  # 2 * 132 // 128 = 2
+    assert p.num_partitions == 1  # 132 // 128 = 1
     p = routing.plan_msa(total_rows=2, batch=2, n_heads=32, n_kv_heads=4, topk=16, max_keys_static=1 << 17)
     assert p.num_partitions == 4  # min(132 // 8, 16 // 4)
     p = routing.plan_msa(total_rows=2, batch=2, n_heads=32, n_kv_heads=4, topk=4, max_keys_static=1 << 17,
