@@ -238,6 +238,16 @@ def registered_targets(platform: str) -> list[str]:
     return list(_state[p].registered)
 
 
+def _peek(path: Path) -> tuple[str | None, str | None]:
+    """(version, archs) of a library that is not registered here (e.g. the CUDA library on a machine with no
+    GPU): its string functions touch no device. (None, None) when it cannot be opened."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None, None
+    return _c_string(lib, "msa_ops_library_version"), _c_string(lib, "msa_ops_library_archs")
+
+
 def info() -> dict:
     """Library paths, versions, compiled architectures and registered targets per platform."""
     out: dict = {"library_dir_candidates": [str(d) for d in library_dir_candidates()], "platforms": {}}
@@ -245,11 +255,14 @@ def info() -> dict:
         ok = available(p)
         st = _state[p]
         found = _find_library(p)
+        version, archs = st.version, st.archs
+        if archs is None and found is not None:
+            version, archs = _peek(found)
         out["platforms"][p] = {
             "available": ok,
             "library": st.path or (str(found) if found else None),
-            "version": st.version,
-            "archs": st.archs,
+            "version": version,
+            "archs": archs,
             "ffi_api_version": st.ffi_api_version,
             "registered_targets": list(st.registered),
             "missing_targets": list(st.missing),
