@@ -108,3 +108,17 @@ def test_store_in_place_when_donated():
     ptr = kv.unsafe_buffer_pointer()
     out = f(kv, k, v)
     assert out.unsafe_buffer_pointer() == ptr
+
+
+def test_info_reports_built_libraries():
+    import re
+
+    from msa_ops import _native
+
+    info = _native.info()["platforms"]
+    if info["cpu"]["library"] is None:
+        pytest.skip("native libraries not built")
+    assert info["cpu"]["available"], info["cpu"]["reason"]
+    assert set(_native.TARGETS) <= set(info["cpu"]["registered_targets"])
+    if info["cuda"]["library"] is not None:  # compiled here (nvcc present) even without a GPU
+        assert re.fullmatch(r"\d+a?(;\d+a?)*", info["cuda"]["archs"] or ""), info["cuda"]
