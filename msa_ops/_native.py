@@ -77,15 +77,30 @@ def _normalize(platform: str) -> str:
     return p
 
 
+def _installed_package_dir() -> Path | None:
+    """The msa_ops directory of the installed distribution, when it is not the one imported (a source tree
+    on sys.path, e.g. `python -m msa_ops` run from the checkout, shadows the installed package)."""
+    try:
+        from importlib import metadata
+
+        located = Path(str(metadata.distribution("msa_ops").locate_file("msa_ops"))).resolve()
+    except Exception:  # noqa: BLE001 - not installed, or metadata unreadable: nothing to add
+        return None
+    return located if located.is_dir() else None
+
+
 def library_dir_candidates() -> list[Path]:
-    """Directories searched for the libraries, in order: $MSA_OPS_LIBRARY_DIR (os.pathsep-separated), then
-    this package's directory."""
+    """Directories searched for the libraries, in order: $MSA_OPS_LIBRARY_DIR (os.pathsep-separated), this
+    package's directory, then the installed distribution's package directory."""
     dirs: list[Path] = []
     env = os.environ.get(ENV_LIBRARY_DIR, "")
     for part in env.split(os.pathsep):
         if part.strip():
             dirs.append(Path(part.strip()).expanduser())
     dirs.append(Path(__file__).resolve().parent)
+    installed = _installed_package_dir()
+    if installed is not None:
+        dirs.append(installed)
     seen: set[str] = set()
     out: list[Path] = []
     for d in dirs:
