@@ -46,6 +46,13 @@ class Check:
         if a.shape[axis] != want:
             raise operand_error(self.op, name, f"{what} = {want} (axis {axis})", f"shape {tuple(a.shape)}")
 
+    def nonempty(self, name: str, a: ShapedArray, axis: int, what: str) -> None:
+        if a.shape[axis] < 1:
+            raise operand_error(self.op, name, f"{what} >= 1 (axis {axis})", f"shape {tuple(a.shape)}")
+
+    def shape_error(self, name: str, expected: str, a: ShapedArray):
+        return operand_error(self.op, name, expected, f"shape {tuple(a.shape)}")
+
     def same_dtype(self, name: str, a: ShapedArray, ref_name: str, ref: ShapedArray) -> None:
         if jnp.dtype(a.dtype) != jnp.dtype(ref.dtype):
             raise dtype_error(self.op, name, f"{jnp.dtype(ref.dtype)} (the dtype of '{ref_name}')", jnp.dtype(a.dtype))

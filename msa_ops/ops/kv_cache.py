@@ -38,10 +38,8 @@ def _store_abstract(kv, k, v, offsets, cache_lengths, lookup, layer_idx, *, attr
     c.dim("kv_lookup_table", lookup, 0, b, "B")
     c.scalar_int("layer_idx", layer_idx)
     for axis, what in ((0, "num_blocks"), (2, "num_layers"), (3, "page_size")):
-        if kv.shape[axis] < 1:
-            c.dim("kv_blocks", kv, axis, 1, f"{what} >= 1")
-    if lookup.shape[1] < 1:
-        c.dim("kv_lookup_table", lookup, 1, 1, "max_pages >= 1")
+        c.nonempty("kv_blocks", kv, axis, what)
+    c.nonempty("kv_lookup_table", lookup, 1, "max_pages")
     return (ShapedArray(kv.shape, kv.dtype),)
 
 

@@ -51,24 +51,16 @@ def _check_paged_cache(c: Check, kv: ShapedArray, q_name: str, q: ShapedArray, d
     if kv.shape[5] != d:
         c.dim("kv_blocks", kv, 5, d, f"head_dim of '{q_name}'")
     for axis, what in ((0, "num_blocks"), (2, "num_layers"), (3, "page_size"), (4, "n_kv_heads")):
-        if kv.shape[axis] < 1:
-            raise c_err(c, "kv_blocks", f"{what} >= 1 (axis {axis})", kv)
+        c.nonempty("kv_blocks", kv, axis, what)
     c.rank("cache_lengths", cache_lengths, 1, "[B]")
     c.ints("cache_lengths", cache_lengths)
     c.dim("cache_lengths", cache_lengths, 0, batch, "B")
     c.rank("kv_lookup_table", lookup, 2, "[B, max_pages]")
     c.ints("kv_lookup_table", lookup)
     c.dim("kv_lookup_table", lookup, 0, batch, "B")
-    if lookup.shape[1] < 1:
-        raise c_err(c, "kv_lookup_table", "max_pages >= 1 (axis 1)", lookup)
+    c.nonempty("kv_lookup_table", lookup, 1, "max_pages")
     c.scalar_int("layer_idx", layer_idx)
     return kv.shape[0], kv.shape[3], kv.shape[4], lookup.shape[1]
-
-
-def c_err(c: Check, name: str, expected: str, a: ShapedArray):
-    from ..errors import operand_error
-
-    return operand_error(c.op, name, expected, f"shape {tuple(a.shape)}")
 
 
 def _ws_avals(plan: routing.Plan, rows: int, h: int, d: int) -> tuple[ShapedArray, ShapedArray]:
@@ -311,9 +303,9 @@ def _check_kv_pair(c: Check, k, v, rank: int, layout: str, q, d: int):
     if k.shape[-1] != d:
         c.dim("k", k, rank - 1, d, "head_dim of 'q'")
     if tuple(v.shape) != tuple(k.shape):
-        raise c_err(c, "v", f"the shape of 'k' {tuple(k.shape)}", v)
+        raise c.shape_error("v", f"the shape of 'k' {tuple(k.shape)}", v)
     if k.shape[-2] < 1:
-        raise c_err(c, "k", "n_kv_heads >= 1", k)
+        raise c.shape_error("k", "n_kv_heads >= 1", k)
 
 
 def _ragged_no_cache_abstract(q, k, v, offsets, kv_offsets, *, attrs):

@@ -10,7 +10,7 @@ import numpy as np
 from jax.core import ShapedArray
 
 from .. import routing
-from ..errors import attribute_error, operand_error
+from ..errors import attribute_error
 from ..reference import msa as ref
 from ..reference.common import as_i32
 from ..registry import OpDef, register
@@ -168,16 +168,14 @@ def _ix_abstract(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *, 
                              (5, di, "Di of 'q'")):
         c.dim("k_blocks", k_blocks, axis, want, what)
     for axis, what in ((0, "num_blocks"), (2, "num_layers")):
-        if k_blocks.shape[axis] < 1:
-            raise operand_error(_IX, "k_blocks", f"{what} >= 1 (axis {axis})", f"shape {tuple(k_blocks.shape)}")
+        c.nonempty("k_blocks", k_blocks, axis, what)
     c.rank("k_cache_lengths", k_cache_lengths, 1, "[B]")
     c.ints("k_cache_lengths", k_cache_lengths)
     c.dim("k_cache_lengths", k_cache_lengths, 0, b, "B")
     c.rank("k_lookup_table", k_lookup, 2, "[B, max_pages]")
     c.ints("k_lookup_table", k_lookup)
     c.dim("k_lookup_table", k_lookup, 0, b, "B")
-    if k_lookup.shape[1] < 1:
-        raise operand_error(_IX, "k_lookup_table", "max_pages >= 1 (axis 1)", f"shape {tuple(k_lookup.shape)}")
+    c.nonempty("k_lookup_table", k_lookup, 1, "max_pages")
     c.scalar_int("layer_idx", layer_idx)
     return (ShapedArray((hi, t, attrs.topk), jnp.int32),)
 
