@@ -110,7 +110,7 @@ def run_demo(steps: int = 8, seed: int = 0, implementation: str = "auto") -> int
         (kv, idx), outs = jax.lax.scan(body, (kv, idx), jnp.arange(layers, dtype=jnp.int32))
         return kv, idx, outs
 
-    def run(n_new: list[int], cache_lengths: np.ndarray, kv, idx, label: str):
+    def run(n_new: list[int], cache_lengths: np.ndarray, kv, idx):
         t = sum(n_new)
         offsets = np.concatenate([[0], np.cumsum(n_new)]).astype(np.int32)
         draws = [draw(t) for _ in range(layers)]
@@ -168,7 +168,7 @@ def run_demo(steps: int = 8, seed: int = 0, implementation: str = "auto") -> int
 
     cache_lengths = np.zeros(b, np.int32)
     _say("prefill ...")
-    kv, idx, res, t_pre = run(prompts, cache_lengths, kv, idx, "prefill")
+    kv, idx, res, t_pre = run(prompts, cache_lengths, kv, idx)
     ed, es, bad = check(res, cache_lengths)
     _say(f"  prefill {sum(prompts)} tokens x {layers} layers: {t_pre * 1e3:.1f} ms (incl. compile); "
          f"dense rel.err {ed:.2e}, sparse rel.err {es:.2e}, indexer mismatches {bad}")
@@ -176,7 +176,7 @@ def run_demo(steps: int = 8, seed: int = 0, implementation: str = "auto") -> int
     ok = ed < 2e-2 and es < 2e-2 and bad == 0
     times = []
     for st in range(steps):
-        kv, idx, res, t_step = run([1] * b, cache_lengths, kv, idx, "decode")
+        kv, idx, res, t_step = run([1] * b, cache_lengths, kv, idx)
         times.append(t_step)
         ed, es, bad = check(res, cache_lengths)
         ok = ok and ed < 2e-2 and es < 2e-2 and bad == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -43,9 +43,6 @@ class Attrs:
             if k == name:
                 return v
         raise AttributeError(name)
-
-    def asdict(self) -> dict[str, Any]:
-        return dict(self.items)
 
 
 @dataclass(frozen=True)
@@ -267,6 +264,3 @@ def plan(name: str, *operands: Any, **attrs: Any):
     op.abstract(*avals, attrs=norm)  # same errors as a real call
     return op.plan(*avals, attrs=norm)
 
-
-def operand_names(name: str) -> Sequence[str]:
-    return get_op(name).operands

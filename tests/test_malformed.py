@@ -179,8 +179,6 @@ class Case:
     context: dict = dataclasses.field(default_factory=dict)  # attrs shared by the bad call and its twin
     call_name: str | None = None  # name passed to msa_ops.call (default: op)
     custom: Callable[[], Any] | None = None  # a thunk for calls that are not a baseline + delta
-    bug: str | None = None  # a known package defect: the case is an xfail(strict) until fixed
-    bug_raises: type[BaseException] = AssertionError  # how the defect shows in test_malformed_rejected
 
 
 def opnd(name: str) -> str:
@@ -904,14 +902,7 @@ def check_bad(case: Case) -> BaseException:
 # Tests
 # ---------------------------------------------------------------------------------------------------------
 def _params():
-    return [
-        pytest.param(
-            c,
-            id=c.id,
-            marks=[pytest.mark.xfail(reason=c.bug, raises=c.bug_raises, strict=True)] if c.bug else [],
-        )
-        for c in CASES
-    ]
+    return [pytest.param(c, id=c.id) for c in CASES]
 
 
 @pytest.mark.parametrize("case", _params())
