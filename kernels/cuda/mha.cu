@@ -73,8 +73,6 @@ bool supported(DataType dt, int64_t d) {
   return (dt == DataType::BF16 || dt == DataType::F16) && (d == 64 || d == 128);
 }
 
-int ceil_div_i(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
-
 // Query tile height: the routing ladder's choice, or from shapes when the op has no plan.
 int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group) {
   // Kernels exist for 16-, 64- and 128-row tiles (the ladder's 1q / 2q prefill tiles).
@@ -105,13 +103,10 @@ Error check_attrs(const char* target, int64_t mask, int64_t window) {
   return Error::Success();
 }
 
-Error set_workspace(const char* target, AttentionArgs& a, AnyResult ws_o, AnyResult ws_lse, int64_t rows, int64_t H,
-                    int64_t D) {
+Error set_workspace(const char* target, AttentionArgs& a, AnyResult ws_o, AnyResult ws_lse, int64_t rows) {
   if (a.num_partitions <= 1) return Error::Success();
   if (dim(*ws_o, 0) < a.num_partitions || dim(*ws_o, 1) != rows || dim(*ws_lse, 0) < a.num_partitions)
     return invalid(target, "split-K workspace smaller than num_partitions");
-  (void)H;
-  (void)D;
   a.ws_o = static_cast<float*>(ws_o->untyped_data());
   a.ws_lse = static_cast<float*>(ws_lse->untyped_data());
   return Error::Success();
@@ -154,9 +149,9 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   a.q_offsets = static_cast<const int32_t*>(offsets.untyped_data());
   fill_paged(a, kv, cache_lengths, lut, layer);
   if (has_sink) a.sink = sink.untyped_data();
-  if (Error e = set_workspace(target, a, ws_o, ws_lse, T, H, D); e.failure()) return e;
+  if (Error e = set_workspace(target, a, ws_o, ws_lse, T); e.failure()) return e;
   const int bm = tile_height(tile_m, T - B + 1, a.group);
-  const int grid_x = B == 0 ? 0 : static_cast<int>(B + ceil_div_i(T * a.group, bm));
+  const int grid_x = B == 0 ? 0 : static_cast<int>(B + ceil_div(T * a.group, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
 
@@ -179,9 +174,9 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   a.batch = static_cast<int>(B);
   a.valid_lengths = static_cast<const int32_t*>(valid_lengths.untyped_data());
   fill_paged(a, kv, cache_lengths, lut, layer);
-  if (Error e = set_workspace(target, a, ws_o, ws_lse, B * S, H, D); e.failure()) return e;
+  if (Error e = set_workspace(target, a, ws_o, ws_lse, B * S); e.failure()) return e;
   const int bm = tile_height(tile_m, S, a.group);
-  const int grid_x = static_cast<int>(B * ceil_div_i(S * a.group, bm));
+  const int grid_x = static_cast<int>(B * ceil_div(S * a.group, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
 
@@ -206,7 +201,7 @@ Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.kv_offsets = static_cast<const int32_t*>(kv_offsets.untyped_data());
   a.total_keys = static_cast<int>(dim(k, 0));
   const int bm = tile_height(0, T - B + 1, a.group);
-  const int grid_x = B == 0 ? 0 : static_cast<int>(B + ceil_div_i(T * a.group, bm));
+  const int grid_x = B == 0 ? 0 : static_cast<int>(B + ceil_div(T * a.group, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
 
@@ -230,7 +225,7 @@ Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.v = v.untyped_data();
   a.total_keys = static_cast<int>(dim(k, 1));
   const int bm = tile_height(0, S, a.group);
-  const int grid_x = static_cast<int>(B * ceil_div_i(S * a.group, bm));
+  const int grid_x = static_cast<int>(B * ceil_div(S * a.group, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
 
