@@ -9,29 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import bench, write_results
 
 import msa_ops
 
 BF = jnp.bfloat16
-
-
-def bench(fn, args, iters=20, repeats=5):
-    out = fn(*args)
-    jax.block_until_ready(out)
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        ts.append((time.perf_counter() - t0) / iters)
-    return float(np.median(ts))
 
 
 def rel_err(a, b):
@@ -194,13 +180,7 @@ def main():
                       f"{fmt(r.get('xla_tflops'))} | "
                       f"{ratio(r.get('ours_contig_tflops'), r.get('cudnn_tflops'))} | "
                       f"{ratio(r.get('ours_paged_tflops'), r.get('ours_contig_tflops'))} |")
-    text = "\n".join(md)
-    print(text)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "gpu_mha.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
-    with open(os.path.join(a.out, "gpu_mha.md"), "w") as fh:
-        fh.write(text + "\n")
+    write_results(a.out, "gpu_mha", rows, "\n".join(md))
 
 
 if __name__ == "__main__":

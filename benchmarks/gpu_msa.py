@@ -9,28 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import bench, write_results
 
 import msa_ops
 
 B, H, HKV, D = 32, 32, 4, 128
-
-
-def bench(fn, args, iters=20, repeats=5):
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        ts.append((time.perf_counter() - t0) / iters)
-    return float(np.median(ts))
 
 
 def main():
@@ -82,13 +69,7 @@ def main():
         md.append(f"| {r['cache']} | {r['topk']} | {r['partitions']} | {r['bf16_us']:.1f} | {r['bf16_gbs']:.0f} | "
                   f"{r['fp8_us']:.1f} | {r['fp8_gbs']:.0f} | {r['cudnn_dense_gbs']:.0f} | {r['bf16_vs_cudnn']:.2f}x | "
                   f"{r['fp8_speedup']:.2f}x |")
-    text = "\n".join(md)
-    print(text)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "gpu_msa.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
-    with open(os.path.join(a.out, "gpu_msa.md"), "w") as fh:
-        fh.write(text + "\n")
+    write_results(a.out, "gpu_msa", rows, "\n".join(md))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""Shared by the GPU benchmarks: device timing and writing results (JSON + markdown) into the output folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+
+def bench(fn, args, iters: int = 20, repeats: int = 5) -> float:
+    """Median seconds per call over `repeats` runs of `iters` back-to-back calls, after one warm-up call."""
+    jax.block_until_ready(fn(*args))
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        ts.append((time.perf_counter() - t0) / iters)
+    return float(np.median(ts))
+
+
+def write_results(out_dir: str, name: str, rows: list, text: str) -> None:
+    """Print the markdown table and write `<name>.json` (rows) and `<name>.md` (text) into `out_dir`."""
+    print(text)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as fh:
+        fh.write(text + "\n")
