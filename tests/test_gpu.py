@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import oracle
 import pytest
-from conftest import assert_close, budget_for, make_batch, make_paged_cache, rand
+from conftest import RaggedBatch, assert_close, budget_for, make_batch, make_paged_cache, rand
 
 pytestmark = pytest.mark.gpu
 
@@ -130,6 +130,49 @@ def test_cuda_mha_ragged_paged_matches_oracle(case):
     kw = dict(mask_str=case["mask"], local_window_size=case["window"])
     got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=case["np_"],
                                                       implementation="native", **kw))(*args)
+    want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
+    assert_close(got, want, budget_for(case["dtype"]))
+
+
+def _tile128_cases():
+    rng = np.random.default_rng(4321)
+    cases = []
+    for i in range(20):
+        cases.append(dict(
+            seed=100 + i, scenario=["big", "long", "mixed", "decode", "spec"][i % 5], mask=MASKS[i % len(MASKS)],
+            group=[1, 4, 8, 16][(i // 2) % 4], page=[16, 128, 64][i % 3], d=[128, 64][(i // 5) % 2],
+            dtype=[jnp.bfloat16, jnp.float16][(i // 3) % 2], np_=[0, 1, 3][(i // 4) % 3],
+            sink=bool(rng.integers(2)), window=int(rng.integers(1, 300)),
+        ))
+    return cases
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "mma_sync"])
+@pytest.mark.parametrize("case", _tile128_cases(), ids=lambda c: f"{c['seed']}-{c['scenario']}-{c['mask']}")
+def test_cuda_mha_128_row_tiles_match_oracle(case, kernel, monkeypatch):
+    """The 128-row prefill tile (a max_prompt_length hint forces it on any batch) on both kernels that serve it:
+    warpgroup MMA on sm_90, mma.sync elsewhere (MSA_OPS_CUDA_WGMMA=0 selects it on sm_90)."""
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1" if kernel == "wgmma" else "0")
+    rng = np.random.default_rng(case["seed"])
+    if case["scenario"] == "big":  # several query and key tiles, partial last tiles, an empty sequence
+        batch = RaggedBatch([700, 0, 129, 1], [300, 0, 1000, 5], 850)
+        s_max = 1200
+    else:
+        b0 = make_batch(rng, case["scenario"])
+        batch = RaggedBatch(b0.n, b0.cache, max(b0.T, 160))  # padding rows up to 160: max_q >= 128
+        s_max = 512
+    hkv, d, page = 2, case["d"], case["page"]
+    h = hkv * case["group"]
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=page,
+                             max_pages=-(-s_max // page), n_kv_heads=hkv, head_dim=d, dtype=case["dtype"])
+    q = rand(rng, (batch.T, h, d), case["dtype"])
+    sink = rand(rng, (h,), case["dtype"]) if case["sink"] else None
+    args = (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut, 1)
+    kw = dict(mask_str=case["mask"], local_window_size=case["window"])
+    plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=case["np_"], max_prompt_length=1024, **kw)
+    assert plan.tile_m == 128
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=case["np_"],
+                                                      implementation="native", max_prompt_length=1024, **kw))(*args)
     want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
     assert_close(got, want, budget_for(case["dtype"]))
 

@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "attention.cuh"
+#include "attention_sm90.cuh"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
 #include "msa_ops/mask.h"
@@ -38,14 +40,37 @@ Error check_launch(const char* target) {
   X(__half, 128, 64, 2)               \
   X(__half, 128, 128, 2)
 
+// The 128-row tiles run on warpgroup MMA (attention_sm90.cuh) on compute capability 9.0 devices, unless
+// MSA_OPS_CUDA_WGMMA=0 (then, as on every other GPU, on the mma.sync kernel).
+bool use_wgmma() {
+  const char* env = std::getenv("MSA_OPS_CUDA_WGMMA");
+  if (env != nullptr && env[0] == '0') return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
+
 template <typename T, int D, int BM, int STAGES>
 Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, const char* target) {
   using Cfg = AttentionConfig<T, D, BM, STAGES>;
-  auto kernel = attention_kernel<T, D, BM, STAGES>;
-  // Attribute set per launch (cheap, idempotent, no synchronization).
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (grid_x > 0) {
-    dim3 grid(grid_x, a.Hkv, a.num_partitions > 1 ? a.num_partitions : 1);
+  const dim3 grid(grid_x, a.Hkv, a.num_partitions > 1 ? a.num_partitions : 1);
+  bool launched = false;
+  if constexpr (BM == Sm90Config<T, D>::kBlockM) {
+    if (grid_x > 0 && use_wgmma()) {
+      using C90 = Sm90Config<T, D>;
+      auto kernel = attention_sm90_kernel<T, D>;
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C90::kSmemAlloc);
+      kernel<<<grid, C90::kThreads, C90::kSmemAlloc, stream>>>(a);
+      if (Error e = check_launch(target); e.failure()) return e;
+      launched = true;
+    }
+  }
+  if (grid_x > 0 && !launched) {
+    auto kernel = attention_kernel<T, D, BM, STAGES>;
+    // Attribute set per launch (cheap, idempotent, no synchronization).
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     if (Error e = check_launch(target); e.failure()) return e;
   }

@@ -1,0 +1,469 @@
+// Hopper (sm_90a) flash-attention prefill: the 128-row query tiles of attention_kernel on warpgroup MMA.
+//
+// Same contract, grid and epilogue as attention_kernel<T, D, 128, *> (attention.cuh): a CTA owns 128 packed
+// (token, head) rows of one sequence and one kv head, and gridDim.z splits the keys into partitions. Two
+// warpgroups own 64 rows each. K/V tiles of 128 keys stream through a two-stage cp.async ring laid out in the
+// 128-byte-swizzled shared-memory form wgmma reads ([D/64][rows][64] elements, 16-byte chunks XOR row % 8):
+//   S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (both K-major),
+//   O += P V    wgmma m64nDk16,   A = P from registers (the S accumulators rounded to T), B = V from shared
+//               memory, MN-major (the same layout as K, read transposed).
+// The online softmax is attention_kernel's, on the wgmma accumulator layout (which per warp is the mma.sync
+// m16n8 layout repeated over 8-column blocks). The CTAs run heaviest-first (reversed tile order), so causal
+// tiles near the diagonal of late rows do not form a tail.
+//
+// Compiled only for sm_90a (wgmma does not exist elsewhere); the host launches it only on compute capability
+// 9.0, and other GPUs run attention_kernel.
+#pragma once
+
+#include "attention.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MSA_OPS_SM90_WGMMA 1
+#endif
+
+namespace msa_ops {
+namespace cuda {
+
+template <typename T, int D>
+struct Sm90Config {
+  static constexpr int kThreads = 256;  // two warpgroups
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kHalves = D / 64;                 // 128-byte (64-element) column blocks per row
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKvTileBytes = kBlockN * D * 2;  // one of K or V
+  static constexpr int kChunksPerRow = D / 8;
+  static constexpr int kRowStep = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kBlockN / kRowStep;
+  static constexpr int kValidInts = kBlockN + kRowStep;
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kKvTileBytes + kStages * kValidInts * 4;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;  // the base is rounded up to 1024 bytes
+  static_assert(D == 64 || D == 128, "head dim");
+};
+
+// Byte offset of 16-byte chunk `ch` of row `r` in a [D/64][ROWS][64] tile with the 128-byte swizzle.
+template <int ROWS>
+__device__ __forceinline__ uint32_t sw128_offset(int r, int ch) {
+  return static_cast<uint32_t>((ch >> 3) * ROWS * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+
+#if defined(MSA_OPS_SM90_WGMMA)
+// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1). lbo/sbo in bytes.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16;
+  d |= static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
+template <int N>
+__device__ __forceinline__ void fence_regs(float* r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+#define MSA_WG_ACC64                                                                                         \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define MSA_WG_ACC32                                                                                         \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MSA_WG_OUT8(d, i)                                                                                  \
+  "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),         \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MSA_WG_OUT32(d) MSA_WG_OUT8(d, 0), MSA_WG_OUT8(d, 8), MSA_WG_OUT8(d, 16), MSA_WG_OUT8(d, 24)
+#define MSA_WG_OUT64(d) MSA_WG_OUT32(d), MSA_WG_OUT8(d, 32), MSA_WG_OUT8(d, 40), MSA_WG_OUT8(d, 48), MSA_WG_OUT8(d, 56)
+
+// d[64] (+)= A(64x16, smem) * B(128x16, smem)^T, both K-major.
+#define MSA_WG_SS_N128(NAME, TY)                                                                           \
+  __device__ __forceinline__ void NAME(float* d, uint64_t da, uint64_t db, int accumulate) {              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " MSA_WG_ACC64                  \
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                          \
+                 : MSA_WG_OUT64(d)                                                                          \
+                 : "l"(da), "l"(db), "r"(accumulate));                                                      \
+  }
+// d[N/2] += A(64x16, registers) * B(16xN, smem, MN-major: read transposed). N = 128 or 64.
+#define MSA_WG_RS_N128(NAME, TY)                                                                           \
+  __device__ __forceinline__ void NAME(float* d, const uint32_t* a, uint64_t db) {                        \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " MSA_WG_ACC64                  \
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                                               \
+                 : MSA_WG_OUT64(d)                                                                          \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                    \
+  }
+#define MSA_WG_RS_N64(NAME, TY)                                                                            \
+  __device__ __forceinline__ void NAME(float* d, const uint32_t* a, uint64_t db) {                        \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " MSA_WG_ACC32                   \
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"                                               \
+                 : MSA_WG_OUT32(d)                                                                          \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                    \
+  }
+MSA_WG_SS_N128(wgmma_ss_n128_bf16, "bf16")
+MSA_WG_SS_N128(wgmma_ss_n128_f16, "f16")
+MSA_WG_RS_N128(wgmma_rs_n128_bf16, "bf16")
+MSA_WG_RS_N128(wgmma_rs_n128_f16, "f16")
+MSA_WG_RS_N64(wgmma_rs_n64_bf16, "bf16")
+MSA_WG_RS_N64(wgmma_rs_n64_f16, "f16")
+#undef MSA_WG_SS_N128
+#undef MSA_WG_RS_N128
+#undef MSA_WG_RS_N64
+#endif  // MSA_OPS_SM90_WGMMA
+
+
+#if defined(MSA_OPS_SM90_WGMMA)
+template <typename T>
+struct WgmmaOps;
+template <>
+struct WgmmaOps<__nv_bfloat16> {
+  static __device__ __forceinline__ void qk(float* s, uint64_t da, uint64_t db, int acc) {
+    wgmma_ss_n128_bf16(s, da, db, acc);
+  }
+  template <int N>
+  static __device__ __forceinline__ void pv(float* o, const uint32_t* a, uint64_t db) {
+    if constexpr (N == 128) wgmma_rs_n128_bf16(o, a, db);
+    else wgmma_rs_n64_bf16(o, a, db);
+  }
+};
+template <>
+struct WgmmaOps<__half> {
+  static __device__ __forceinline__ void qk(float* s, uint64_t da, uint64_t db, int acc) {
+    wgmma_ss_n128_f16(s, da, db, acc);
+  }
+  template <int N>
+  static __device__ __forceinline__ void pv(float* o, const uint32_t* a, uint64_t db) {
+    if constexpr (N == 128) wgmma_rs_n128_f16(o, a, db);
+    else wgmma_rs_n64_f16(o, a, db);
+  }
+};
+#endif
+
+template <typename T, int D>
+__global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionArgs a) {
+#if defined(MSA_OPS_SM90_WGMMA)
+  using Cfg = Sm90Config<T, D>;
+  using M = Mma<T>;
+  using W = WgmmaOps<T>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, STAGES = Cfg::kStages;
+  constexpr int NS = BN / 8;  // 8-key column blocks of S per thread row pair
+  constexpr int ND = D / 8;   // 8-wide output column blocks
+  constexpr int KD = D / 16;  // 16-deep k steps over D
+  extern __shared__ unsigned char smem_raw[];
+  // Swizzle atoms are 1024-byte aligned: round the dynamic shared memory base up.
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* sbase = smem_raw + pad;
+  const uint32_t sQ = raw_addr + pad;
+  const uint32_t sKV = sQ + Cfg::kQBytes;  // stage s: K at sKV + 2 s kKvTileBytes, V kKvTileBytes after it
+  int* sValid = reinterpret_cast<int*>(sbase + Cfg::kQBytes + STAGES * 2 * Cfg::kKvTileBytes);
+
+  const SeqTile st = locate_tile<BM>(a, static_cast<int>(gridDim.x - 1 - blockIdx.x));  // heaviest first
+  if (st.b < 0) return;
+  const int hkv = blockIdx.y;
+  const int part = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int wg = tid / 128;
+  const int warp_row0 = wg * 64 + ((tid / 32) % 4) * 16;  // first tile row of this warp
+  const int group = a.group;
+  const T* q = static_cast<const T*>(a.q);
+
+  const int rows_seq = st.n_q * group;
+  const int row_end = min(st.row0 + BM, rows_seq);
+  const int64_t p_first = st.pos0 + st.row0 / group;
+  const int64_t p_last = st.pos0 + (row_end - 1) / group;
+  const KeyInterval iv_first = visible_keys(a.mask, a.window, p_first, st.kmax);
+  const KeyInterval iv_last = visible_keys(a.mask, a.window, p_last, st.kmax);
+  int64_t k_lo = iv_first.lo, k_hi = iv_last.hi;
+  if (a.num_partitions > 1) {
+    const int64_t n = st.n_keys;
+    const int64_t per = n > 0 ? ceil_div(n, a.num_partitions) : 0;
+    const int64_t s = imax(a.split_block_n, align_up(per, a.split_block_n));
+    k_lo = imax(k_lo, imin(n, part * s));
+    k_hi = imin(k_hi, imin(n, (part + 1) * s));
+  }
+  const int tile_first = k_hi > k_lo ? static_cast<int>(k_lo / BN) : 0;
+  const int tile_last = k_hi > k_lo ? static_cast<int>((k_hi + BN - 1) / BN) : 0;
+  const int num_tiles = tile_last - tile_first;
+
+  // ---- Q (zero rows past the sequence) into the swizzled [D/64][BM][64] tile
+  constexpr int CPR = Cfg::kChunksPerRow, RSTEP = Cfg::kRowStep, NPASS = Cfg::kPasses;
+  for (int c = tid; c < BM * CPR; c += Cfg::kThreads) {
+    const int r = c / CPR, ch = c % CPR;
+    const int pr = st.row0 + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (pr < rows_seq) {
+      const int64_t qrow = st.q_base + pr / group;
+      const int h = hkv * group + pr % group;
+      val = *reinterpret_cast<const uint4*>(q + (qrow * a.H + h) * D + ch * 8);
+    }
+    *reinterpret_cast<uint4*>(sbase + sw128_offset<BM>(r, ch)) = val;
+  }
+
+  // ---- K/V tile loader (attention_kernel's, into the wgmma layout): each thread moves one 16-byte chunk of
+  // NPASS key rows per tile; one page-table read per key row, shuffled to the row's chunk threads.
+  const int my_row = tid / CPR, my_ch = tid % CPR;
+  const int32_t* lut_row = nullptr;
+  int layer = 0;
+  bool layer_ok = true;
+  if (a.kv_mode == kKvPaged) {
+    lut_row = a.lookup + static_cast<int64_t>(st.b) * a.max_pages;
+    layer = *a.layer_ptr;
+    layer_ok = layer >= 0 && layer < a.num_layers;
+  }
+  const T* kvb = static_cast<const T*>(a.kv_blocks);
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
+  const int64_t row_stride = static_cast<int64_t>(a.Hkv) * D;
+  const int64_t kv_half = static_cast<int64_t>(a.num_layers) * a.page_size * row_stride;
+  const int64_t page_stride = 2 * kv_half;
+  const int64_t head_off = static_cast<int64_t>(layer) * a.page_size * row_stride + hkv * D + my_ch * 8;
+  const int kmax = static_cast<int>(st.kmax);
+  auto load_tile = [&](int tile, int stage) {
+    const uint32_t sK = sKV + stage * 2 * Cfg::kKvTileBytes;
+    const uint32_t sV = sK + Cfg::kKvTileBytes;
+    int* valid = sValid + stage * Cfg::kValidInts;
+    const int key0 = tile * BN + my_row;
+    int64_t src[NPASS];
+    bool ok[NPASS];
+    if (a.kv_mode == kKvPaged) {
+      constexpr int kRowsPerWarp = 32 / CPR;
+      static_assert(NPASS * kRowsPerWarp <= 32, "one lane per key row of the warp");
+      const int warp_row0_l = (tid / 32) * kRowsPerWarp;
+      int my_page = -1;
+      {
+        const int r_local = lane % kRowsPerWarp, pass = lane / kRowsPerWarp;
+        if (pass < NPASS) {
+          const int key = tile * BN + warp_row0_l + r_local + pass * RSTEP;
+          const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
+          const int32_t p = (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1;
+          my_page = (p >= 0 && p < a.num_blocks) ? p : -1;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NPASS; ++i) {
+        const int key = key0 + i * RSTEP;
+        const int pg = __shfl_sync(0xffffffff, my_page, (my_row - warp_row0_l) + i * kRowsPerWarp);
+        const int slot = a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
+        ok[i] = pg >= 0;
+        src[i] = ok[i] ? static_cast<int64_t>(pg) * page_stride + head_off + slot * row_stride : 0;
+      }
+    } else {
+      const int64_t base = static_cast<int64_t>(st.kv_base) * row_stride + hkv * D + my_ch * 8;
+#pragma unroll
+      for (int i = 0; i < NPASS; ++i) {
+        const int key = key0 + i * RSTEP;
+        ok[i] = key < kmax;
+        src[i] = ok[i] ? base + key * row_stride : 0;
+      }
+    }
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < NPASS; ++i) {
+      const uint32_t off = sw128_offset<BN>(my_row + i * RSTEP, my_ch);
+      if (a.kv_mode == kKvPaged) {
+        cp_async16(sK + off, kvb + src[i], ok[i]);
+        cp_async16(sV + off, kvb + src[i] + kv_half, ok[i]);
+      } else {
+        cp_async16(sK + off, kc + src[i], ok[i]);
+        cp_async16(sV + off, vc + src[i], ok[i]);
+      }
+      count += ok[i] ? 1 : 0;
+      if (my_ch == 0) valid[my_row + i * RSTEP] = ok[i] ? 1 : 0;
+    }
+    if (my_ch == 0) valid[BN + my_row] = count;
+  };
+
+#pragma unroll
+  for (int s_ = 0; s_ < STAGES - 1; ++s_) {
+    if (s_ < num_tiles) load_tile(tile_first + s_, s_);
+    cp_async_commit();
+  }
+
+  // Per-thread state: rows warp_row0 + lane/4 and + 8.
+  float o[ND * 4];
+#pragma unroll
+  for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
+  float m_run[2], l_run[2];
+  int row_lo[2], row_hi[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m_run[i] = -INFINITY;
+    l_run[i] = 0.f;
+    const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
+    if (pr < rows_seq) {
+      const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
+      row_lo[i] = static_cast<int>(imax(iv.lo, k_lo));
+      row_hi[i] = static_cast<int>(imin(iv.hi, k_hi));
+    } else {
+      row_lo[i] = 0;
+      row_hi[i] = 0;
+    }
+  }
+  const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
+  const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
+  const float sl2 = a.scale_log2;
+  const uint32_t q_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows in each 64-column block
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int tile = tile_first + it;
+    const int stage = it % STAGES;
+    {
+      const int nxt = it + STAGES - 1;
+      if (nxt < num_tiles) load_tile(tile_first + nxt, nxt % STAGES);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    fence_proxy_async();  // this thread's cp.async / Q stores are read next by the tensor cores
+    __syncthreads();
+    const uint32_t sK = sKV + stage * 2 * Cfg::kKvTileBytes;
+    const uint32_t sV = sK + Cfg::kKvTileBytes;
+    const int* valid = sValid + stage * Cfg::kValidInts;
+    const int tile_key0 = tile * BN;
+
+    // S = Q K^T (64 x 128 per warpgroup)
+    float s[NS * 4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      const uint32_t koff = (kk % 4) * 32;  // 16 elements into the 128-byte row
+      const uint64_t da = wgmma_desc(q_wg + (kk / 4) * BM * 128 + koff, 16, 1024);
+      const uint64_t db = wgmma_desc(sK + (kk / 4) * BN * 128 + koff, 16, 1024);
+      W::qk(s, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    int present = 0;
+#pragma unroll
+    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
+    const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+    wgmma_wait0();
+    fence_regs<NS * 4>(s);
+
+    // Online softmax in log2 units (attention_kernel's).
+    uint32_t pf[BN / 16][4];
+    {
+      float m_new[2] = {m_run[0], m_run[1]};
+      if (full) {
+        float raw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[j * 4 + e]);
+        m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
+        m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+      } else {
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = e / 2;
+            const int kl = j * 8 + (lane % 4) * 2 + (e % 2);
+            const int key = tile_key0 + kl;
+            const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
+            s[j * 4 + e] = vis ? s[j * 4 + e] * sl2 : -INFINITY;
+            m_new[i] = fmaxf(m_new[i], s[j * 4 + e]);
+          }
+        }
+      }
+      float corr[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+        corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
+        m_run[i] = m_new[i];
+        l_run[i] *= corr[i];
+      }
+      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < ND; ++j) {
+          o[j * 4 + 0] *= corr[0];
+          o[j * 4 + 1] *= corr[0];
+          o[j * 4 + 2] *= corr[1];
+          o[j * 4 + 3] *= corr[1];
+        }
+      }
+      const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2;
+          const float x = full ? fmaf(s[j * 4 + e], sl2, neg_m[i]) : s[j * 4 + e] + neg_m[i];
+          p[e] = exp2f(x);
+          l_run[i] += p[e];
+        }
+        pf[j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
+        pf[j / 2][(j % 2) * 2 + 1] = M::pack(p[2], p[3]);
+      }
+    }
+
+    // O += P V
+    fence_regs<ND * 4>(o);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      const uint64_t db = wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
+      W::template pv<D>(o, pf[ks], db);
+    }
+    wgmma_commit();
+    wgmma_wait0();
+    fence_regs<ND * 4>(o);
+    __syncthreads();  // the stage is free for the next load
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
+  }
+
+  // Epilogue (attention_kernel's): final output, or the partition's normalized partial and log2-sum-exp.
+  T* out = static_cast<T*>(a.out);
+  const T* sink = static_cast<const T*>(a.sink);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
+    if (pr >= rows_seq) continue;
+    const int64_t qrow = st.q_base + pr / group;
+    const int h = hkv * group + pr % group;
+    const float l = l_run[i], m = m_run[i];
+    const bool any = l > 0.f;
+    if (a.num_partitions <= 1) {
+      float den = l;
+      if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
+      const float inv = any ? 1.f / den : 0.f;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        const uint32_t packed = M::pack(o[j * 4 + i * 2] * inv, o[j * 4 + i * 2 + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + (qrow * a.H + h) * D + col) = packed;
+      }
+    } else {
+      const float inv = any ? 1.f / l : 0.f;
+      const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(a.ws_o + ws_row * D + col) =
+            make_float2(o[j * 4 + i * 2] * inv, o[j * 4 + i * 2 + 1] * inv);
+      }
+      if (lane % 4 == 0) a.ws_lse[ws_row] = any ? m + log2f(l) : -INFINITY;
+    }
+  }
+#else
+  __trap();  // launched only on sm_90 (see launch_attention)
+#endif
+}
+
+}  // namespace cuda
+}  // namespace msa_ops
