@@ -2,11 +2,12 @@
 //
 // Same contract, grid and epilogue as attention_kernel<T, D, 128, *> (attention.cuh): a CTA owns 128 packed
 // (token, head) rows of one sequence and one kv head, and gridDim.z splits the keys into partitions. Two
-// warpgroups own 64 rows each. K/V tiles of 128 keys stream through a two-stage cp.async ring laid out in the
+// warpgroups own 64 rows each. K/V tiles of 128 keys stream through a three-stage cp.async ring laid out in the
 // 128-byte-swizzled shared-memory form wgmma reads ([D/64][rows][64] elements, 16-byte chunks XOR row % 8):
 //   S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (both K-major),
 //   O += P V    wgmma m64nDk16,   A = P from registers (the S accumulators rounded to T), B = V from shared
 //               memory, MN-major (the same layout as K, read transposed).
+// Each warpgroup overlaps its softmax of tile j with its P V of tile j-1 on the tensor cores.
 // The online softmax is attention_kernel's, on the wgmma accumulator layout (which per warp is the mma.sync
 // m16n8 layout repeated over 8-column blocks). The CTAs run heaviest-first (reversed tile order), so causal
 // tiles near the diagonal of late rows do not form a tail.
@@ -29,7 +30,7 @@ struct Sm90Config {
   static constexpr int kThreads = 256;  // two warpgroups
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 128;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;
   static constexpr int kHalves = D / 64;                 // 128-byte (64-element) column blocks per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKvTileBytes = kBlockN * D * 2;  // one of K or V
@@ -60,7 +61,16 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// 2^x on the SFU (one MUFU.EX2; subnormal results flush to 0, -inf gives 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
 template <int N>
@@ -281,11 +291,8 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     if (my_ch == 0) valid[BN + my_row] = count;
   };
 
-#pragma unroll
-  for (int s_ = 0; s_ < STAGES - 1; ++s_) {
-    if (s_ < num_tiles) load_tile(tile_first + s_, s_);
-    cp_async_commit();
-  }
+  if (num_tiles > 0) load_tile(tile_first, 0);
+  cp_async_commit();
 
   // Per-thread state: rows warp_row0 + lane/4 and + 8.
   float o[ND * 4];
@@ -312,25 +319,24 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   const float sl2 = a.scale_log2;
   const uint32_t q_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows in each 64-column block
 
-  for (int it = 0; it < num_tiles; ++it) {
-    const int tile = tile_first + it;
-    const int stage = it % STAGES;
-    {
-      const int nxt = it + STAGES - 1;
-      if (nxt < num_tiles) load_tile(tile_first + nxt, nxt % STAGES);
-      cp_async_commit();
-    }
-    cp_async_wait<STAGES - 1>();
+  // Software pipeline over key tiles: iteration `it` issues S_it = Q K_it^T and O += P_{it-1} V_{it-1} together,
+  // runs the softmax of S_it while the tensor cores do P V, then rescales O and rounds S_it to P_it. The load of
+  // tile it+1 is issued after iteration it's barrier, when every warp is done with the stage it reuses (tile
+  // it-2's), and it lands before iteration it+1 reads it: three stages. Every wgmma is issued and waited on
+  // in one straight-line block (a wgmma under a data-dependent branch would make ptxas serialize them all).
+  float s[NS * 4];
+  uint32_t pf[BN / 16][4];
+  float corr[2];
+  auto stage_k = [&](int it) { return sKV + (it % STAGES) * 2 * Cfg::kKvTileBytes; };
+  auto next_stage = [&](int it) {  // tile `it` is in shared memory; tile it+1 starts loading
+    cp_async_wait<0>();
     fence_proxy_async();  // this thread's cp.async / Q stores are read next by the tensor cores
     __syncthreads();
-    const uint32_t sK = sKV + stage * 2 * Cfg::kKvTileBytes;
-    const uint32_t sV = sK + Cfg::kKvTileBytes;
-    const int* valid = sValid + stage * Cfg::kValidInts;
-    const int tile_key0 = tile * BN;
-
-    // S = Q K^T (64 x 128 per warpgroup)
-    float s[NS * 4];
-    wgmma_fence();
+    if (it + 1 < num_tiles) load_tile(tile_first + it + 1, (it + 1) % STAGES);
+    cp_async_commit();
+  };
+  auto issue_qk = [&](int it) {  // S = Q K^T (64 x 128 per warpgroup)
+    const uint32_t sK = stage_k(it);
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       const uint32_t koff = (kk % 4) * 32;  // 16 elements into the 128-byte row
@@ -339,85 +345,111 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
       W::qk(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    int present = 0;
-#pragma unroll
-    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
-    const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
-    wgmma_wait0();
-    fence_regs<NS * 4>(s);
-
-    // Online softmax in log2 units (attention_kernel's).
-    uint32_t pf[BN / 16][4];
-    {
-      float m_new[2] = {m_run[0], m_run[1]};
-      if (full) {
-        float raw[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < NS; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[j * 4 + e]);
-        m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
-        m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
-      } else {
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = e / 2;
-            const int kl = j * 8 + (lane % 4) * 2 + (e % 2);
-            const int key = tile_key0 + kl;
-            const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
-            s[j * 4 + e] = vis ? s[j * 4 + e] * sl2 : -INFINITY;
-            m_new[i] = fmaxf(m_new[i], s[j * 4 + e]);
-          }
-        }
-      }
-      float corr[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
-        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-        corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
-        m_run[i] = m_new[i];
-        l_run[i] *= corr[i];
-      }
-      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < ND; ++j) {
-          o[j * 4 + 0] *= corr[0];
-          o[j * 4 + 1] *= corr[0];
-          o[j * 4 + 2] *= corr[1];
-          o[j * 4 + 3] *= corr[1];
-        }
-      }
-      const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
-#pragma unroll
-      for (int j = 0; j < NS; ++j) {
-        float p[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e / 2;
-          const float x = full ? fmaf(s[j * 4 + e], sl2, neg_m[i]) : s[j * 4 + e] + neg_m[i];
-          p[e] = exp2f(x);
-          l_run[i] += p[e];
-        }
-        pf[j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
-        pf[j / 2][(j % 2) * 2 + 1] = M::pack(p[2], p[3]);
-      }
-    }
-
-    // O += P V
-    fence_regs<ND * 4>(o);
-    wgmma_fence();
+  };
+  auto issue_pv = [&](int it) {  // O += P V
+    const uint32_t sV = stage_k(it) + Cfg::kKvTileBytes;
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ++ks) {
       const uint64_t db = wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
       W::template pv<D>(o, pf[ks], db);
     }
     wgmma_commit();
-    wgmma_wait0();
+  };
+  // Online softmax of tile `it` in log2 units (attention_kernel's); the exponentials stay in s.
+  auto softmax = [&](int it) {
+    const int* valid = sValid + (it % STAGES) * Cfg::kValidInts;
+    const int tile_key0 = (tile_first + it) * BN;
+    int present = 0;
+#pragma unroll
+    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
+    const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+    float m_new[2] = {m_run[0], m_run[1]};
+    if (full) {
+      float raw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < NS; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[j * 4 + e]);
+      m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
+      m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2;
+          const int kl = j * 8 + (lane % 4) * 2 + (e % 2);
+          const int key = tile_key0 + kl;
+          const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
+          s[j * 4 + e] = vis ? s[j * 4 + e] * sl2 : -INFINITY;
+          m_new[i] = fmaxf(m_new[i], s[j * 4 + e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+      corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[i] - m_new[i]);
+      m_run[i] = m_new[i];
+      l_run[i] *= corr[i];
+    }
+    const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
+    const float mul = full ? sl2 : 1.f;  // masked tiles hold scaled scores already
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        s[j * 4 + e] = fast_exp2(fmaf(s[j * 4 + e], mul, neg_m[i]));
+        l_run[i] += s[j * 4 + e];
+      }
+    }
+  };
+  auto rescale_and_pack = [&]() {
+    // Rescale O only when some row of the warp raised its running max (warp-uniform branch).
+    if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        o[j * 4 + 0] *= corr[0];
+        o[j * 4 + 1] *= corr[0];
+        o[j * 4 + 2] *= corr[1];
+        o[j * 4 + 3] *= corr[1];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      pf[j / 2][(j % 2) * 2 + 0] = M::pack(s[j * 4 + 0], s[j * 4 + 1]);
+      pf[j / 2][(j % 2) * 2 + 1] = M::pack(s[j * 4 + 2], s[j * 4 + 3]);
+    }
+  };
+
+  if (num_tiles > 0) {
+    next_stage(0);
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_regs<NS * 4>(s);
+    softmax(0);
+    rescale_and_pack();
+    for (int it = 1; it < num_tiles; ++it) {
+      next_stage(it);
+      fence_regs<ND * 4>(o);
+      wgmma_fence();
+      issue_qk(it);
+      issue_pv(it - 1);
+      wgmma_wait<1>();
+      fence_regs<NS * 4>(s);
+      softmax(it);
+      wgmma_wait<0>();
+      fence_regs<ND * 4>(o);
+      rescale_and_pack();
+    }
     fence_regs<ND * 4>(o);
-    __syncthreads();  // the stage is free for the next load
+    wgmma_fence();
+    issue_pv(num_tiles - 1);
+    wgmma_wait<0>();
+    fence_regs<ND * 4>(o);
   }
   cp_async_wait<0>();
 
