@@ -224,19 +224,21 @@ def test_cuda_no_cache_matches_oracle(mask, group):
 def test_cuda_mha_bad_values_do_not_fault():
     """Page ids past the pool, non-monotone offsets, huge cache lengths, layer out of range: masked, no fault."""
     rng = np.random.default_rng(3)
-    t, h, hkv, d, page, mp = 12, 8, 2, 128, 16, 6
-    q = rand(rng, (t, h, d), jnp.bfloat16)
+    h, hkv, d, page, mp = 8, 2, 128, 16, 12
     kv = rand(rng, (20, 2, 2, page, hkv, d), jnp.bfloat16)
     lut = rng.integers(-50, 50, (3, mp)).astype(np.int32)
-    offs = np.array([0, 7, 3, 40], np.int32)
     cl = np.array([2**31 - 5, -9, 40], np.int32)
-    for layer in (0, 5, -1):
-        for np_ in (1, 4):
-            args = (q, offs, kv, cl, lut, layer)
-            got = jax.jit(lambda *a, _n=np_: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=_n,
-                                                                      implementation="native"))(*args)
-            want = oracle.mha_ragged_paged(*args, mask_str="causal")
-            assert_close(got, want, budget_for(jnp.bfloat16))
+    # 12 rows: decode and 64-row tiles; 160 rows with a prompt-length hint: the 128-row tile (wgmma on sm_90)
+    for t, offs, hint in ((12, [0, 7, 3, 40], {}), (160, [0, 150, 3, 158], {"max_prompt_length": 1024})):
+        q = rand(rng, (t, h, d), jnp.bfloat16)
+        offs = np.array(offs, np.int32)
+        for layer in (0, 5, -1):
+            for np_ in (1, 4):
+                args = (q, offs, kv, cl, lut, layer)
+                got = jax.jit(lambda *a, _n=np_, _h=hint: msa_ops.mha_ragged_paged(
+                    *a, mask_str="causal", num_partitions=_n, implementation="native", **_h))(*args)
+                want = oracle.mha_ragged_paged(*args, mask_str="causal")
+                assert_close(got, want, budget_for(jnp.bfloat16))
 
 
 def test_cuda_mha_equals_native_cpu():

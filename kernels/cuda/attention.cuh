@@ -95,6 +95,14 @@ struct Mma<__half> {
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
 
+// 2^x on the SFU: one MUFU.EX2 (exp2f adds a subnormal range fix-up around it); subnormal results flush to 0,
+// -inf gives 0. The softmax weights it produces are rounded to 16 bits anyway.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -541,7 +549,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
       for (int i = 0; i < 2; ++i) {
         m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
         m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-        corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[mb][i] - m_new[i]);
+        corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[mb][i] - m_new[i]);
         m_run[mb][i] = m_new[i];
         l_run[mb][i] *= corr[i];
       }
@@ -566,7 +574,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
           const int i = e / 2;
           // exp2(-inf) = 0 covers masked keys; rows with no visible key yet have m = -inf and all s = -inf.
           const float x = full ? fmaf(s[mb][j][e], sl2, neg_m[i]) : s[mb][j][e] + neg_m[i];
-          p[e] = exp2f(x);  // one exponential per score
+          p[e] = fast_exp2(x);  // one exponential per score
           l_run[mb][i] += p[e];
         }
         pf[mb][j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
