@@ -1,8 +1,10 @@
 """MSA decode on the GPU: our CUDA kernel vs cuDNN dense decode at the same shape, same process.
 
 B=32, H=32, Hkv=4, D=128, cache 32k and 128k, topk 16 and 64 selected 128-token blocks, bf16 and fp8 KV.
-Bandwidth = bytes of the gathered K/V blocks / time; cuDNN's = dense K/V bytes / time. Prints a markdown table,
-writes gpu_msa.json / gpu_msa.md into --out.
+Bandwidth = bytes of the gathered K/V blocks / time; cuDNN's = dense K/V bytes / time.
+Indexer (decode): B=32, 128k context (1024 blocks), 4 index heads, Di=128, bf16, top-64 (1 init, 2 local);
+bandwidth = index-key bytes it must read / time, against the same run's cuDNN dense decode bandwidth.
+Prints markdown tables, writes gpu_msa.json / gpu_msa.md into --out.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def main():
             rows.append(r)
             print(json.dumps(r), flush=True)
         del kv16, kv8
+    cud_128k = next(r["cudnn_dense_gbs"] for r in rows if r["cache"] == 131072)
+    ix = run_indexer(rng, cud_128k)
     md = [f"# MSA decode on {jax.devices()[0].device_kind} (jax {jax.__version__})", "",
           "B=32, H=32, Hkv=4, D=128; GB/s over the gathered K/V blocks; cuDNN: dense decode, same shape, same run", "",
           "| cache | topk | partitions | bf16 us | bf16 GB/s | fp8 us | fp8 GB/s | cuDNN dense GB/s | bf16 / cuDNN "
@@ -69,7 +73,35 @@ def main():
         md.append(f"| {r['cache']} | {r['topk']} | {r['partitions']} | {r['bf16_us']:.1f} | {r['bf16_gbs']:.0f} | "
                   f"{r['fp8_us']:.1f} | {r['fp8_gbs']:.0f} | {r['cudnn_dense_gbs']:.0f} | {r['bf16_vs_cudnn']:.2f}x | "
                   f"{r['fp8_speedup']:.2f}x |")
-    write_results(a.out, "gpu_msa", rows, "\n".join(md))
+    md += ["", "## Indexer, decode: B=32, 128k context (1024 blocks), Hi=4, Di=128, bf16, topk 64", "",
+           "| ours us | ours GB/s | XLA reference us | cuDNN dense GB/s | ours / cuDNN | ids equal to the reference |",
+           "| --- | --- | --- | --- | --- | --- |",
+           f"| {ix['ours_us']:.1f} | {ix['ours_gbs']:.0f} | {ix['reference_us']:.1f} | {ix['cudnn_dense_gbs']:.0f} | "
+           f"{ix['ours_vs_cudnn']:.2f}x | {ix['ids_equal_fraction']:.4f} |"]
+    write_results(a.out, "gpu_msa", rows + [ix], "\n".join(md))
+
+
+def run_indexer(rng, cud_gbs, cache=131072, hi=4, di=128, topk=64):
+    mp = cache // 128
+    nb = B * mp
+    kb = jax.random.normal(jax.random.PRNGKey(7), (nb, 1, 1, 128, 1, di), jnp.bfloat16)
+    lut = jnp.asarray(rng.permutation(nb).reshape(B, mp), jnp.int32)
+    offs = jnp.arange(B + 1, dtype=jnp.int32)
+    cl = jnp.full((B,), cache - 1, jnp.int32)  # + 1 new token: 128k keys, every block eligible
+    q = jax.random.normal(jax.random.PRNGKey(8), (B, hi, di), jnp.bfloat16)
+    kw = dict(topk=topk, init_blocks=1, local_blocks=2)
+    ours = jax.jit(lambda q, kb: msa_ops.msa_indexer_ragged_paged(q, offs, kb, cl, lut, 0, implementation="native",
+                                                                  **kw))
+    ref = jax.jit(lambda q, kb: msa_ops.msa_indexer_ragged_paged(q, offs, kb, cl, lut, 0,
+                                                                 implementation="reference", **kw))
+    t = bench(ours, (q, kb))
+    t_ref = bench(ref, (q, kb), iters=3, repeats=3)
+    same = float(np.mean(np.all(np.asarray(ours(q, kb)) == np.asarray(ref(q, kb)), axis=-1)))
+    r = {"kind": "indexer", "cache": cache, "topk": topk, "ours_us": t * 1e6, "reference_us": t_ref * 1e6,
+         "ours_gbs": B * cache * di * 2 / t / 1e9, "cudnn_dense_gbs": cud_gbs, "ids_equal_fraction": same}
+    r["ours_vs_cudnn"] = r["ours_gbs"] / cud_gbs
+    print(json.dumps(r), flush=True)
+    return r
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -144,7 +145,10 @@ def _lowering(ctx, *args, attrs: Attrs, implementation: str, op: OpDef, platform
     impl = resolve_implementation(op, platform, implementation, ctx.avals_in, attrs)
     fn = op.native if impl == "native" else op.reference
     assert fn is not None
-    return mlir.lower_fun(partial(fn, attrs=attrs), multiple_results=True)(ctx, *args)
+    kw: dict[str, Any] = {"attrs": attrs}
+    if impl == "native" and "platform" in inspect.signature(fn).parameters:
+        kw["platform"] = platform  # a native lowering that differs per platform (e.g. a CUDA-only workspace)
+    return mlir.lower_fun(partial(fn, **kw), multiple_results=True)(ctx, *args)
 
 
 def _batch_rule(args, dims, *, attrs: Attrs, implementation: str, op: OpDef):

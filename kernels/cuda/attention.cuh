@@ -704,6 +704,36 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   }
 }
 
+// Sequence owning row t under the repaired offsets (running max clamped to [0, T]), or -1; [*eff_b, *eff_b1) are
+// its rows. Called by whole warps: 32 sequences per step (max-scan of the offsets).
+__device__ __forceinline__ int row_owner(const int32_t* offsets, int B, int T, int t, int64_t* eff_b,
+                                         int64_t* eff_b1) {
+  const int lane = threadIdx.x & 31;
+  int64_t carry = imin(imax(0, offsets[0]), T);
+  if (t < carry) return -1;
+  for (int base = 0; base < B; base += 32) {
+    const int b = base + lane;
+    int64_t v = b < B ? static_cast<int64_t>(offsets[b + 1]) : INT64_MIN;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int64_t u = __shfl_up_sync(0xffffffff, v, d);
+      if (lane >= d) v = imax(v, u);
+    }
+    const int64_t next = imin(imax(carry, v), T);
+    int64_t prev = __shfl_up_sync(0xffffffff, next, 1);
+    if (lane == 0) prev = carry;
+    const unsigned hit = __ballot_sync(0xffffffff, b < B && t < next);
+    if (hit) {
+      const int src = __ffs(hit) - 1;
+      *eff_b = __shfl_sync(0xffffffff, prev, src);
+      *eff_b1 = __shfl_sync(0xffffffff, next, src);
+      return base + src;
+    }
+    carry = __shfl_sync(0xffffffff, next, 31);
+  }
+  return -1;
+}
+
 // Called by a whole warp: row t is owned iff eff[0] <= t < eff[B].
 __device__ __forceinline__ bool row_owned(const AttentionArgs& a, int t) {
   if (a.q_mode == kQPadded) {

@@ -48,32 +48,9 @@ struct MsaArgs {
   float* ws_lse;
 };
 
-// Sequence owning row t (repaired offsets), or -1; eff_b = first row of that sequence. Whole-warp call.
+// Sequence owning row t (attention.cuh's row_owner). Whole-warp call.
 __device__ __forceinline__ int owner_of(const MsaArgs& a, int t, int64_t* eff_b, int64_t* eff_b1) {
-  const int lane = threadIdx.x & 31;
-  int64_t carry = imin(imax(0, a.offsets[0]), a.T);
-  if (t < carry) return -1;
-  for (int base = 0; base < a.B; base += 32) {
-    const int b = base + lane;
-    int64_t v = b < a.B ? static_cast<int64_t>(a.offsets[b + 1]) : INT64_MIN;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int64_t u = __shfl_up_sync(0xffffffff, v, d);
-      if (lane >= d) v = imax(v, u);
-    }
-    const int64_t next = imin(imax(carry, v), a.T);
-    int64_t prev = __shfl_up_sync(0xffffffff, next, 1);
-    if (lane == 0) prev = carry;
-    const unsigned hit = __ballot_sync(0xffffffff, b < a.B && t < next);
-    if (hit) {
-      const int src = __ffs(hit) - 1;
-      *eff_b = __shfl_sync(0xffffffff, prev, src);
-      *eff_b1 = __shfl_sync(0xffffffff, next, src);
-      return base + src;
-    }
-    carry = __shfl_sync(0xffffffff, next, 31);
-  }
-  return -1;
+  return row_owner(a.offsets, a.B, a.T, t, eff_b, eff_b1);
 }
 
 template <typename KV>

@@ -187,14 +187,34 @@ def _ix_reference(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *,
     )
 
 
-def _ix_native(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *, attrs):
+#: Largest max_pages (blocks per sequence) the CUDA indexer sorts in shared memory.
+CUDA_INDEXER_MAX_PAGES = 8192
+
+
+def _ix_native_supports(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *, attrs, platform):
+    if platform != "cuda":
+        return None
+    row_bytes = q.shape[2] * np.dtype(q.dtype).itemsize
+    chunks = row_bytes // 16
+    if row_bytes % 16 or chunks > 32 or chunks & (chunks - 1):
+        return f"the CUDA indexer takes index key rows of 16, 32, ..., 512 bytes, got {row_bytes}"
+    if k_lookup.shape[1] > CUDA_INDEXER_MAX_PAGES:
+        return f"the CUDA indexer takes max_pages <= {CUDA_INDEXER_MAX_PAGES}, got {k_lookup.shape[1]}"
+    return None
+
+
+def _ix_native(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *, attrs, platform=None):
     t, hi, di = q.shape
-    call = jax.ffi.ffi_call("msa_ops_msa_indexer", (jax.ShapeDtypeStruct((hi, t, attrs.topk), jnp.int32),))
-    return tuple(call(
+    outs = [jax.ShapeDtypeStruct((hi, t, attrs.topk), jnp.int32)]
+    if platform == "cuda":  # per-block scores between the CUDA score and top-k kernels (dropped here)
+        outs.append(jax.ShapeDtypeStruct((t, hi, k_lookup.shape[1]), F32))
+    call = jax.ffi.ffi_call("msa_ops_msa_indexer", tuple(outs))
+    res = call(
         q, as_i32(offsets), k_blocks, as_i32(k_cache_lengths), as_i32(k_lookup), as_i32(layer_idx),
         topk=np.int64(attrs.topk), init_blocks=np.int64(attrs.init_blocks),
         local_blocks=np.int64(attrs.local_blocks), scale=np.float64(resolved_scale(attrs, di)),
-    ))
+    )
+    return (res[0],)
 
 
 MSA_INDEXER = register(OpDef(
@@ -206,5 +226,6 @@ MSA_INDEXER = register(OpDef(
     reference=_ix_reference,
     native=_ix_native,
     ffi_target="msa_ops_msa_indexer",
+    native_supports=_ix_native_supports,
     doc="MSA block indexer: per-block max score over causal keys, forced init/local blocks, top-k ids.",
 ))
