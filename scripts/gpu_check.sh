@@ -11,6 +11,7 @@ BUILD=${BUILD:-/tmp/msa_ops_build}
 declare -A STATUS
 
 STEPS=${STEPS:-all}  # comma list of: build info gpu cpu demo bench sanitizer
+# GPU_K: a pytest -k expression for the gpu step; SANITIZE_K: the one for the sanitizer step; BENCH_GLOB: which benchmarks.
 want() { [[ "$STEPS" == all || ",$STEPS," == *",$1,"* ]]; }
 
 step() {  # step NAME CMD...  (log to $OUT/NAME.log, remember the exit code)
@@ -30,11 +31,11 @@ want build && step build bash -c "cmake -S kernels -B $BUILD -G Ninja -DPython_E
 export MSA_OPS_LIBRARY_DIR=$BUILD
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 want info && step info $PY -m msa_ops info
-want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider tests
+want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider tests ${GPU_K:+-k "$GPU_K"}
 want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
 want demo && step demo timeout 300 $PY -m msa_ops demo
 BENCHES=()
-for b in benchmarks/gpu_*.py; do
+for b in ${BENCH_GLOB:-benchmarks/gpu_*.py}; do
   [ -e "$b" ] && want bench || continue
   n="bench_$(basename "$b" .py)"; BENCHES+=("$n")
   step "$n" timeout 400 $PY "$b" --out "$OUT" ${BENCH_ARGS:-}

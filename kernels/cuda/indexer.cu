@@ -3,9 +3,9 @@
 // blocks first, ties to the lower id), ids ascending and -1 padded. Two kernels, no host synchronization:
 //
 // indexer_score_kernel  grid (rows, block groups of 32). Each warp scores one block at a time: the 16-byte
-//   chunks of a key row are spread over L = Di*sizeof(T)/16 lanes (a warp covers 32/L keys per load), every
-//   lane keeps its chunk of q (pre-scaled, 4 index heads per pass) in registers, the chunk dot products are
-//   summed over the L lanes by shuffles, and a running max per head skips keys past the row's position or
+//   chunks of a key row are spread over L lanes, two chunks per lane for rows of 64 bytes and more (a warp
+//   covers 32/L keys per step), every lane keeps its chunks of q (pre-scaled, 4 index heads per pass) in
+//   registers, the chunk dot products are summed over the L lanes by shuffles, and a running max per head skips keys past the row's position or
 //   past the sequence. The key bytes are read once per row and 4 heads. Blocks that are not eligible (page
 //   outside the pool, bad layer, no visible key, padding row) get a NaN score: real scores are never NaN (a NaN
 //   dot product never raises the max, as in the CPU handler).
@@ -112,14 +112,16 @@ struct Chunk<__nv_fp8_e4m3> {
 
 // ------------------------------------------------------------------------------------------------ scores
 
-template <typename T, int L>  // L lanes per key row (16-byte chunks per row)
-__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const IxArgs a) {
+// L lanes per key row, M 16-byte chunks per lane (a key row is L*M chunks; lane `ch` holds chunks ch + m*L, so
+// each load instruction of the warp reads whole rows).
+template <typename T, int L, int M>
+__global__ void __launch_bounds__(kScoreThreads, 2) indexer_score_kernel(const IxArgs a) {
   constexpr int E = Chunk<T>::kElems;
-  constexpr int KPW = 32 / L;  // keys a warp covers per load
-  constexpr int UNROLL = 8;    // loads in flight per lane
+  constexpr int KPW = 32 / L;      // keys a warp covers per step
+  constexpr int UNROLL = 8 / M;    // steps whose loads are in flight together (8 chunks per lane)
   const int t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int sub = lane / L, ch = lane % L;  // key slot within the warp's step, chunk within the key row
+  const int sub = lane / L, ch = lane % L;  // key slot within the warp's step, chunk group within the key row
   const int j_begin = blockIdx.y * kBlocksPerCta;
   const int j_end = min(j_begin + kBlocksPerCta, a.MP);
   float* scores_row = a.scores + static_cast<int64_t>(t) * a.Hi * a.MP;
@@ -147,47 +149,57 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const IxAr
       page = (p >= 0 && p < a.NB) ? p : -1;
     }
     if (page < 0) {  // not eligible (also padding rows and blocks past the row's position)
-      for (int h = lane; h < a.Hi; h += 32) scores_row[static_cast<int64_t>(h) * a.MP + j] = __uint_as_float(kIneligibleBits);
+      for (int h = lane; h < a.Hi; h += 32)
+        scores_row[static_cast<int64_t>(h) * a.MP + j] = __uint_as_float(kIneligibleBits);
       continue;
     }
     const int nk = static_cast<int>(imin(kBlock, key_end - static_cast<int64_t>(j) * kBlock));  // visible keys
     const T* kblk = kbase + static_cast<int64_t>(page) * page_elems + layer_off + ch * E;
     for (int h0 = 0; h0 < a.Hi; h0 += kHeadsPerPass) {
-      float qf[kHeadsPerPass][E];
+      float qf[kHeadsPerPass][M][E];
 #pragma unroll
       for (int hh = 0; hh < kHeadsPerPass; ++hh) {
-        if (h0 + hh < a.Hi) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(qrow + static_cast<int64_t>(h0 + hh) * a.Di + ch * E);
-          Chunk<T>::widen(raw, qf[hh]);
 #pragma unroll
-          for (int e = 0; e < E; ++e) qf[hh][e] *= a.scale;
-        } else {
+        for (int m = 0; m < M; ++m) {
+          if (h0 + hh < a.Hi) {
+            const uint4 raw =
+                *reinterpret_cast<const uint4*>(qrow + static_cast<int64_t>(h0 + hh) * a.Di + (ch + m * L) * E);
+            Chunk<T>::widen(raw, qf[hh][m]);
 #pragma unroll
-          for (int e = 0; e < E; ++e) qf[hh][e] = 0.f;
+            for (int e = 0; e < E; ++e) qf[hh][m][e] *= a.scale;
+          } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) qf[hh][m][e] = 0.f;
+          }
         }
       }
       float mx[kHeadsPerPass];
 #pragma unroll
       for (int hh = 0; hh < kHeadsPerPass; ++hh) mx[hh] = -INFINITY;
       for (int k0 = 0; k0 < nk; k0 += KPW * UNROLL) {
-        uint4 raw[UNROLL];
+        uint4 raw[UNROLL][M];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
           const int key = k0 + u * KPW + sub;
-          raw[u] = key < nk ? __ldg(reinterpret_cast<const uint4*>(kblk + static_cast<int64_t>(key) * a.Di))
-                            : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int m = 0; m < M; ++m)
+            raw[u][m] = key < nk ? __ldg(reinterpret_cast<const uint4*>(kblk + static_cast<int64_t>(key) * a.Di +
+                                                                        m * L * E))
+                                 : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-          float kf[E];
-          Chunk<T>::widen(raw[u], kf);
           float dot[kHeadsPerPass];
 #pragma unroll
-          for (int hh = 0; hh < kHeadsPerPass; ++hh) {
-            float acc = 0.f;
+          for (int hh = 0; hh < kHeadsPerPass; ++hh) dot[hh] = 0.f;
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc = fmaf(qf[hh][e], kf[e], acc);
-            dot[hh] = acc;
+          for (int m = 0; m < M; ++m) {
+            float kf[E];
+            Chunk<T>::widen(raw[u][m], kf);
+#pragma unroll
+            for (int hh = 0; hh < kHeadsPerPass; ++hh)
+#pragma unroll
+              for (int e = 0; e < E; ++e) dot[hh] = fmaf(qf[hh][m][e], kf[e], dot[hh]);
           }
 #pragma unroll
           for (int off = L / 2; off > 0; off >>= 1)
@@ -326,18 +338,26 @@ int next_pow2(int x) {
   return p;
 }
 
+// Two chunks per lane (fewer shuffles per key) for 16- and 32-bit keys of 4 chunks and more; fp8 chunks hold 16
+// elements already (two would not fit the 128-register budget of two CTAs per SM).
+template <typename T, int CHUNKS>
+void launch_score(dim3 grid, cudaStream_t stream, const IxArgs& a) {
+  constexpr int M = (sizeof(T) >= 2 && CHUNKS >= 4) ? 2 : 1;
+  indexer_score_kernel<T, CHUNKS / M, M><<<grid, kScoreThreads, 0, stream>>>(a);
+}
+
 template <typename T>
 Error launch(cudaStream_t stream, const IxArgs& a, const char* target) {
   if (a.T > 0 && a.Hi > 0) {
     const dim3 grid_s(a.T, static_cast<unsigned>(ceil_div(a.MP, kBlocksPerCta)));
-    const int L = a.Di * static_cast<int>(sizeof(T)) / 16;
-    switch (L) {
-      case 1: indexer_score_kernel<T, 1><<<grid_s, kScoreThreads, 0, stream>>>(a); break;
-      case 2: indexer_score_kernel<T, 2><<<grid_s, kScoreThreads, 0, stream>>>(a); break;
-      case 4: indexer_score_kernel<T, 4><<<grid_s, kScoreThreads, 0, stream>>>(a); break;
-      case 8: indexer_score_kernel<T, 8><<<grid_s, kScoreThreads, 0, stream>>>(a); break;
-      case 16: indexer_score_kernel<T, 16><<<grid_s, kScoreThreads, 0, stream>>>(a); break;
-      case 32: indexer_score_kernel<T, 32><<<grid_s, kScoreThreads, 0, stream>>>(a); break;
+    const int chunks = a.Di * static_cast<int>(sizeof(T)) / 16;  // 16-byte chunks per key row
+    switch (chunks) {
+      case 1: launch_score<T, 1>(grid_s, stream, a); break;
+      case 2: launch_score<T, 2>(grid_s, stream, a); break;
+      case 4: launch_score<T, 4>(grid_s, stream, a); break;
+      case 8: launch_score<T, 8>(grid_s, stream, a); break;
+      case 16: launch_score<T, 16>(grid_s, stream, a); break;
+      case 32: launch_score<T, 32>(grid_s, stream, a); break;
       default: return invalid(target, "index head dim " + std::to_string(a.Di) + " is not supported on CUDA");
     }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
