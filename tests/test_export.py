@@ -151,3 +151,31 @@ def test_native_without_library_raises_clear_error():
     _, fn, args, _ = CASES["mha_ragged_paged"]
     with pytest.raises(msa_ops.NativeUnavailableError, match=r"mo\.mha\.ragged\.paged.*native.*cuda"):
         export.export(jax.jit(lambda *a: fn(*a)), platforms=["cuda"])(*args)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "cpu"])
+def test_indexer_score_workspace_only_on_cuda(platform):
+    """The CUDA indexer returns its per-block scores as a second (workspace) result; the op itself has one."""
+    target, fn, args, _ = CASES["msa_indexer"]
+    line = next(ln for ln in _lower(target, fn, args, platform).splitlines() if f"@{target}(" in ln)
+    results = line.split("->")[-1]
+    mp = args[4].shape[1]
+    assert ("tensor<4x" in results) and ((f"x{mp}xf32>" in results) == (platform == "cuda")), results
+
+
+def test_indexer_cuda_coverage_rules():
+    from msa_ops.ops.msa import _ix_native_supports
+
+    def reason(di, dtype, mp):
+        q = SDS((T, 4, di), dtype)
+        kb = SDS((3, 1, 1, 128, 1, di), dtype)
+        lut = SDS((B, mp), I32)
+        return _ix_native_supports(q, None, kb, None, lut, None, attrs=None, platform="cuda")
+
+    assert reason(128, BF, 1024) is None and reason(64, jnp.float32, 8) is None
+    assert reason(128, jnp.float8_e4m3fn, 8) is None and reason(8, BF, 8) is None
+    assert "16, 32, ..., 512 bytes" in reason(96, BF, 8)  # 192-byte rows
+    assert "16, 32, ..., 512 bytes" in reason(512, BF, 8)  # 1024-byte rows
+    assert "max_pages <= 8192" in reason(128, BF, 8193)
+    q = SDS((T, 4, 96), BF)
+    assert _ix_native_supports(q, None, None, None, SDS((B, 8), I32), None, attrs=None, platform="cpu") is None
