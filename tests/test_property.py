@@ -106,3 +106,49 @@ def test_msa_attention_property(impl, p):
                       static_argnums=2)(*args)
     want = oracle.msa_attention_ragged_paged(*args)
     assert_close(got, want, budget_for(dtype))
+
+
+@st.composite
+def indexer_problems(draw):
+    b = draw(st.integers(1, 3))
+    n = draw(st.lists(st.integers(0, 10), min_size=b, max_size=b))
+    cache = draw(st.lists(st.integers(0, 1500), min_size=b, max_size=b))  # up to 12 blocks
+    pad = draw(st.integers(0, 3))
+    hi = draw(st.sampled_from([1, 2, 4, 5]))
+    di = draw(st.sampled_from([16, 32, 64, 128]))
+    topk = draw(st.integers(1, 6))
+    init = draw(st.integers(0, topk))
+    local = draw(st.integers(0, topk - init))
+    dtype = draw(st.sampled_from(["float32", "bfloat16", "float8_e4m3fn"]))
+    bad_page = draw(st.booleans())
+    seed = draw(st.integers(0, 2**31 - 1))
+    return dict(n=n, cache=cache, pad=pad, hi=hi, di=di, topk=topk, init=init, local=local, dtype=dtype,
+                bad_page=bad_page, seed=seed)
+
+
+@pytest.mark.parametrize("impl", ["reference", "native"])
+@SETTINGS
+@given(p=indexer_problems())
+def test_msa_indexer_property(impl, p):
+    from test_reference import assert_indexer_matches
+
+    if impl == "native" and not _native_ok():
+        pytest.skip("native CPU library not available")
+    rng = np.random.default_rng(p["seed"])
+    dtype = jax.numpy.dtype(p["dtype"])
+    total = [c + n for c, n in zip(p["cache"], p["n"])]
+    mp = max(1, -(-max(total) // 128))
+    kb = make_paged_cache(rng, total, page_size=128, max_pages=mp, n_kv_heads=1, head_dim=p["di"], dtype=dtype,
+                          kv=1, num_layers=1)
+    lut = kb.lut.copy()
+    if p["bad_page"]:  # a page outside the pool: that block is not eligible
+        lut[0, 0] = kb.kv_blocks.shape[0] + 1
+    t = sum(p["n"]) + p["pad"]
+    q = rand(rng, (max(t, 1), p["hi"], p["di"]), dtype)
+    offsets = np.concatenate([[0], np.cumsum(p["n"])]).astype(np.int32)
+    args = (q, offsets, kb.kv_blocks, np.asarray(p["cache"], np.int32), lut, 0)
+    kw = dict(topk=p["topk"], init_blocks=p["init"], local_blocks=p["local"])
+    with jax.default_device(jax.devices("cpu")[0]):
+        got = np.asarray(jax.jit(lambda *a: msa_ops.msa_indexer_ragged_paged(*a, implementation=impl, **kw))(*args))
+    want, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
+    assert_indexer_matches(got, want, scores, elig, p["topk"], p["init"], p["local"])
