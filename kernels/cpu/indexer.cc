@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "handler_util.h"
+#include "msa_ops/ffi_signatures.h"
 #include "msa_ops/paged.h"
 #include "thread_pool.h"
 
@@ -196,19 +197,7 @@ Error MsaIndexer(AnyBuffer q, AnyBuffer offsets, AnyBuffer k_blocks, AnyBuffer c
 }  // namespace cpu
 }  // namespace msa_ops
 
-using msa_ops::AnyBuffer;
 namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_msa_indexer, msa_ops::cpu::MsaIndexer,
-                              ffi::Ffi::Bind()
-                                  .Arg<AnyBuffer>()  // q
-                                  .Arg<AnyBuffer>()  // input_row_offsets
-                                  .Arg<AnyBuffer>()  // k_blocks
-                                  .Arg<AnyBuffer>()  // k_cache_lengths
-                                  .Arg<AnyBuffer>()  // k_lookup_table
-                                  .Arg<AnyBuffer>()  // layer_idx
-                                  .Attr<int64_t>("topk")
-                                  .Attr<int64_t>("init_blocks")
-                                  .Attr<int64_t>("local_blocks")
-                                  .Attr<double>("scale")
-                                  .Ret<AnyBuffer>());
+                              MSA_OPS_SIG_MSA_INDEXER(ffi::Ffi::Bind()));

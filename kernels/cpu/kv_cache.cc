@@ -6,6 +6,7 @@
 
 #include "attention_core.h"
 #include "handler_util.h"
+#include "msa_ops/ffi_signatures.h"
 #include "msa_ops/paged.h"
 #include "thread_pool.h"
 
@@ -103,30 +104,16 @@ Error GetNumPartitions(AnyBuffer batch, AnyBuffer max_len, int64_t n_kv_heads, i
 }  // namespace cpu
 }  // namespace msa_ops
 
-using msa_ops::AnyBuffer;
 namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_kv_cache_store, msa_ops::cpu::KvCacheStore,
-                              ffi::Ffi::Bind()
-                                  .Arg<AnyBuffer>()  // kv_blocks
-                                  .Arg<AnyBuffer>()  // k
-                                  .Arg<AnyBuffer>()  // v
-                                  .Arg<AnyBuffer>()  // input_row_offsets
-                                  .Arg<AnyBuffer>()  // cache_lengths
-                                  .Arg<AnyBuffer>()  // kv_lookup_table
-                                  .Arg<AnyBuffer>()  // layer_idx
-                                  .Ret<AnyBuffer>());  // kv_blocks (aliases operand 0)
+                              MSA_OPS_SIG_KV_CACHE_STORE(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_kv_cache_row_offsets, msa_ops::cpu::KvCacheRowOffsets,
-                              ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<AnyBuffer>());
+                              MSA_OPS_SIG_KV_CACHE_ROW_OFFSETS(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_get_num_partitions, msa_ops::cpu::GetNumPartitions,
-                              ffi::Ffi::Bind()
-                                  .Arg<AnyBuffer>()  // batch
-                                  .Arg<AnyBuffer>()  // max_cache_valid_length
-                                  .Attr<int64_t>("n_kv_heads")
-                                  .Attr<int64_t>("sm_count")
-                                  .Ret<AnyBuffer>());
+                              MSA_OPS_SIG_GET_NUM_PARTITIONS(ffi::Ffi::Bind()));
 
 extern "C" {
 __attribute__((visibility("default"))) const char* msa_ops_library_version() { return MSA_OPS_VERSION_STRING; }

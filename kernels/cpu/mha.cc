@@ -5,6 +5,7 @@
 
 #include "attention_core.h"
 #include "handler_util.h"
+#include "msa_ops/ffi_signatures.h"
 #include "msa_ops/mask.h"
 #include "msa_ops/paged.h"
 #include "split_k.h"
@@ -339,67 +340,16 @@ Error MhaPaddedNoCache(AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer valid_le
 }  // namespace cpu
 }  // namespace msa_ops
 
-using msa_ops::AnyBuffer;
-using msa_ops::AnyResult;
 namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_ragged_paged, msa_ops::cpu::MhaRaggedPaged,
-                              ffi::Ffi::Bind()
-                                  .Arg<AnyBuffer>()  // q
-                                  .Arg<AnyBuffer>()  // input_row_offsets
-                                  .Arg<AnyBuffer>()  // kv_blocks
-                                  .Arg<AnyBuffer>()  // cache_lengths
-                                  .Arg<AnyBuffer>()  // kv_lookup_table
-                                  .Arg<AnyBuffer>()  // layer_idx
-                                  .Arg<AnyBuffer>()  // sink_weights
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("window")
-                                  .Attr<double>("scale")
-                                  .Attr<int64_t>("has_sink")
-                                  .Attr<int64_t>("num_partitions")
-                                  .Attr<int64_t>("block_n")
-                                  .Attr<int64_t>("tile_m")
-                                  .Ret<AnyBuffer>()   // out
-                                  .Ret<AnyBuffer>()   // ws_o
-                                  .Ret<AnyBuffer>());  // ws_lse
+                              MSA_OPS_SIG_MHA_RAGGED_PAGED(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_padded_paged, msa_ops::cpu::MhaPaddedPaged,
-                              ffi::Ffi::Bind()
-                                  .Arg<AnyBuffer>()  // q
-                                  .Arg<AnyBuffer>()  // kv_blocks
-                                  .Arg<AnyBuffer>()  // cache_lengths
-                                  .Arg<AnyBuffer>()  // kv_lookup_table
-                                  .Arg<AnyBuffer>()  // layer_idx
-                                  .Arg<AnyBuffer>()  // valid_lengths
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("window")
-                                  .Attr<double>("scale")
-                                  .Attr<int64_t>("num_partitions")
-                                  .Attr<int64_t>("block_n")
-                                  .Attr<int64_t>("tile_m")
-                                  .Ret<AnyBuffer>()
-                                  .Ret<AnyBuffer>()
-                                  .Ret<AnyBuffer>());
+                              MSA_OPS_SIG_MHA_PADDED_PAGED(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_ragged_no_cache, msa_ops::cpu::MhaRaggedNoCache,
-                              ffi::Ffi::Bind()
-                                  .Arg<AnyBuffer>()  // q
-                                  .Arg<AnyBuffer>()  // k
-                                  .Arg<AnyBuffer>()  // v
-                                  .Arg<AnyBuffer>()  // input_row_offsets
-                                  .Arg<AnyBuffer>()  // kv_input_row_offsets
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("window")
-                                  .Attr<double>("scale")
-                                  .Ret<AnyBuffer>());
+                              MSA_OPS_SIG_MHA_RAGGED_NO_CACHE(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_padded_no_cache, msa_ops::cpu::MhaPaddedNoCache,
-                              ffi::Ffi::Bind()
-                                  .Arg<AnyBuffer>()  // q
-                                  .Arg<AnyBuffer>()  // k
-                                  .Arg<AnyBuffer>()  // v
-                                  .Arg<AnyBuffer>()  // valid_length
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("window")
-                                  .Attr<double>("scale")
-                                  .Ret<AnyBuffer>());
+                              MSA_OPS_SIG_MHA_PADDED_NO_CACHE(ffi::Ffi::Bind()));

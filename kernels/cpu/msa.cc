@@ -7,6 +7,7 @@
 
 #include "attention_core.h"
 #include "handler_util.h"
+#include "msa_ops/ffi_signatures.h"
 #include "msa_ops/paged.h"
 #include "split_k.h"
 #include "thread_pool.h"
@@ -166,21 +167,7 @@ Error MsaAttention(AnyBuffer q, AnyBuffer offsets, AnyBuffer cache_row_offsets, 
 }  // namespace cpu
 }  // namespace msa_ops
 
-using msa_ops::AnyBuffer;
 namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_msa_attention, msa_ops::cpu::MsaAttention,
-                              ffi::Ffi::Bind()
-                                  .Arg<AnyBuffer>()  // q
-                                  .Arg<AnyBuffer>()  // input_row_offsets
-                                  .Arg<AnyBuffer>()  // cache_row_offsets
-                                  .Arg<AnyBuffer>()  // kv_blocks
-                                  .Arg<AnyBuffer>()  // cache_lengths
-                                  .Arg<AnyBuffer>()  // kv_lookup_table
-                                  .Arg<AnyBuffer>()  // layer_idx
-                                  .Arg<AnyBuffer>()  // d_indices
-                                  .Attr<double>("scale")
-                                  .Attr<int64_t>("num_partitions")
-                                  .Ret<AnyBuffer>()   // out
-                                  .Ret<AnyBuffer>()   // ws_o
-                                  .Ret<AnyBuffer>());  // ws_lse
+                              MSA_OPS_SIG_MSA_ATTENTION(ffi::Ffi::Bind()));

@@ -27,6 +27,7 @@
 #include "attention.cuh"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
+#include "msa_ops/ffi_signatures.h"
 
 namespace msa_ops {
 namespace cuda {
@@ -425,18 +426,6 @@ Error MsaIndexer(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffer 
 }  // namespace msa_ops
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_msa_indexer, msa_ops::cuda::MsaIndexer,
-                              msa_ops::ffi::Ffi::Bind()
-                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<msa_ops::AnyBuffer>()  // q
-                                  .Arg<msa_ops::AnyBuffer>()  // input_row_offsets
-                                  .Arg<msa_ops::AnyBuffer>()  // k_blocks
-                                  .Arg<msa_ops::AnyBuffer>()  // k_cache_lengths
-                                  .Arg<msa_ops::AnyBuffer>()  // k_lookup_table
-                                  .Arg<msa_ops::AnyBuffer>()  // layer_idx
-                                  .Attr<int64_t>("topk")
-                                  .Attr<int64_t>("init_blocks")
-                                  .Attr<int64_t>("local_blocks")
-                                  .Attr<double>("scale")
-                                  .Ret<msa_ops::AnyBuffer>()   // ids [Hi, T, topk]
-                                  .Ret<msa_ops::AnyBuffer>(),  // score workspace [T, Hi, max_pages]
+                              MSA_OPS_SIG_MSA_INDEXER(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>())
+                                  .Ret<msa_ops::AnyBuffer>() /* score workspace [T, Hi, max_pages] */,
                               {msa_ops::ffi::Traits::kCmdBufferCompatible});

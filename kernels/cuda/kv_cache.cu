@@ -8,6 +8,7 @@
 
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
+#include "msa_ops/ffi_signatures.h"
 #include "msa_ops/paged.h"
 #include "msa_ops_cuda_build_info.h"
 
@@ -176,34 +177,15 @@ using msa_ops::AnyBuffer;
 namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_kv_cache_store, msa_ops::cuda::KvCacheStore,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<AnyBuffer>()  // kv_blocks
-                                  .Arg<AnyBuffer>()  // k
-                                  .Arg<AnyBuffer>()  // v
-                                  .Arg<AnyBuffer>()  // input_row_offsets
-                                  .Arg<AnyBuffer>()  // cache_lengths
-                                  .Arg<AnyBuffer>()  // kv_lookup_table
-                                  .Arg<AnyBuffer>()  // layer_idx
-                                  .Ret<AnyBuffer>(),  // kv_blocks (aliases operand 0)
+                              MSA_OPS_SIG_KV_CACHE_STORE(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_kv_cache_row_offsets, msa_ops::cuda::KvCacheRowOffsets,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<AnyBuffer>()
-                                  .Arg<AnyBuffer>()
-                                  .Ret<AnyBuffer>(),
+                              MSA_OPS_SIG_KV_CACHE_ROW_OFFSETS(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_get_num_partitions, msa_ops::cuda::GetNumPartitions,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<AnyBuffer>()  // batch
-                                  .Arg<AnyBuffer>()  // max_cache_valid_length
-                                  .Attr<int64_t>("n_kv_heads")
-                                  .Attr<int64_t>("sm_count")
-                                  .Ret<AnyBuffer>(),
+                              MSA_OPS_SIG_GET_NUM_PARTITIONS(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {ffi::Traits::kCmdBufferCompatible});
 
 extern "C" {

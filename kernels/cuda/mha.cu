@@ -13,6 +13,7 @@
 #include "attention_sm90.cuh"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
+#include "msa_ops/ffi_signatures.h"
 #include "msa_ops/mask.h"
 
 namespace msa_ops {
@@ -258,70 +259,17 @@ Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
 }  // namespace msa_ops
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_ragged_paged, msa_ops::cuda::MhaRaggedPaged,
-                              msa_ops::ffi::Ffi::Bind()
-                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<msa_ops::AnyBuffer>()  // q
-                                  .Arg<msa_ops::AnyBuffer>()  // input_row_offsets
-                                  .Arg<msa_ops::AnyBuffer>()  // kv_blocks
-                                  .Arg<msa_ops::AnyBuffer>()  // cache_lengths
-                                  .Arg<msa_ops::AnyBuffer>()  // kv_lookup_table
-                                  .Arg<msa_ops::AnyBuffer>()  // layer_idx
-                                  .Arg<msa_ops::AnyBuffer>()  // sink_weights
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("window")
-                                  .Attr<double>("scale")
-                                  .Attr<int64_t>("has_sink")
-                                  .Attr<int64_t>("num_partitions")
-                                  .Attr<int64_t>("block_n")
-                                  .Attr<int64_t>("tile_m")
-                                  .Ret<msa_ops::AnyBuffer>()
-                                  .Ret<msa_ops::AnyBuffer>()
-                                  .Ret<msa_ops::AnyBuffer>(),
+                              MSA_OPS_SIG_MHA_RAGGED_PAGED(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {msa_ops::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_padded_paged, msa_ops::cuda::MhaPaddedPaged,
-                              msa_ops::ffi::Ffi::Bind()
-                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<msa_ops::AnyBuffer>()  // q
-                                  .Arg<msa_ops::AnyBuffer>()  // kv_blocks
-                                  .Arg<msa_ops::AnyBuffer>()  // cache_lengths
-                                  .Arg<msa_ops::AnyBuffer>()  // kv_lookup_table
-                                  .Arg<msa_ops::AnyBuffer>()  // layer_idx
-                                  .Arg<msa_ops::AnyBuffer>()  // valid_lengths
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("window")
-                                  .Attr<double>("scale")
-                                  .Attr<int64_t>("num_partitions")
-                                  .Attr<int64_t>("block_n")
-                                  .Attr<int64_t>("tile_m")
-                                  .Ret<msa_ops::AnyBuffer>()
-                                  .Ret<msa_ops::AnyBuffer>()
-                                  .Ret<msa_ops::AnyBuffer>(),
+                              MSA_OPS_SIG_MHA_PADDED_PAGED(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {msa_ops::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_ragged_no_cache, msa_ops::cuda::MhaRaggedNoCache,
-                              msa_ops::ffi::Ffi::Bind()
-                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<msa_ops::AnyBuffer>()  // q
-                                  .Arg<msa_ops::AnyBuffer>()  // k
-                                  .Arg<msa_ops::AnyBuffer>()  // v
-                                  .Arg<msa_ops::AnyBuffer>()  // input_row_offsets
-                                  .Arg<msa_ops::AnyBuffer>()  // kv_input_row_offsets
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("window")
-                                  .Attr<double>("scale")
-                                  .Ret<msa_ops::AnyBuffer>(),
+                              MSA_OPS_SIG_MHA_RAGGED_NO_CACHE(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {msa_ops::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_padded_no_cache, msa_ops::cuda::MhaPaddedNoCache,
-                              msa_ops::ffi::Ffi::Bind()
-                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<msa_ops::AnyBuffer>()  // q
-                                  .Arg<msa_ops::AnyBuffer>()  // k
-                                  .Arg<msa_ops::AnyBuffer>()  // v
-                                  .Arg<msa_ops::AnyBuffer>()  // valid_length
-                                  .Attr<int64_t>("mask")
-                                  .Attr<int64_t>("window")
-                                  .Attr<double>("scale")
-                                  .Ret<msa_ops::AnyBuffer>(),
+                              MSA_OPS_SIG_MHA_PADDED_NO_CACHE(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {msa_ops::ffi::Traits::kCmdBufferCompatible});

@@ -19,6 +19,7 @@
 #include "attention.cuh"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
+#include "msa_ops/ffi_signatures.h"
 
 namespace msa_ops {
 namespace cuda {
@@ -491,19 +492,5 @@ Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffe
 }  // namespace msa_ops
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_msa_attention, msa_ops::cuda::MsaAttention,
-                              msa_ops::ffi::Ffi::Bind()
-                                  .Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<msa_ops::AnyBuffer>()  // q
-                                  .Arg<msa_ops::AnyBuffer>()  // input_row_offsets
-                                  .Arg<msa_ops::AnyBuffer>()  // cache_row_offsets
-                                  .Arg<msa_ops::AnyBuffer>()  // kv_blocks
-                                  .Arg<msa_ops::AnyBuffer>()  // cache_lengths
-                                  .Arg<msa_ops::AnyBuffer>()  // kv_lookup_table
-                                  .Arg<msa_ops::AnyBuffer>()  // layer_idx
-                                  .Arg<msa_ops::AnyBuffer>()  // d_indices
-                                  .Attr<double>("scale")
-                                  .Attr<int64_t>("num_partitions")
-                                  .Ret<msa_ops::AnyBuffer>()
-                                  .Ret<msa_ops::AnyBuffer>()
-                                  .Ret<msa_ops::AnyBuffer>(),
+                              MSA_OPS_SIG_MSA_ATTENTION(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {msa_ops::ffi::Traits::kCmdBufferCompatible});
