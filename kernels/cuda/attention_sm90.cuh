@@ -31,7 +31,6 @@ struct Sm90Config {
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 3;
-  static constexpr int kHalves = D / 64;                 // 128-byte (64-element) column blocks per row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKvTileBytes = kBlockN * D * 2;  // one of K or V
   static constexpr int kChunksPerRow = D / 8;
