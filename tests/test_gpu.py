@@ -387,3 +387,32 @@ def test_cuda_indexer_long_context_and_cpu(mp, topk, init_blocks, local_blocks):
         with jax.default_device(jax.devices("cpu")[0]):
             cpu = np.asarray(f(*args))
         assert (cpu == got).mean() > 0.99  # f32 sums in another order may swap near-tied blocks
+
+
+# ------------------------------------------------------------------------------------------ property tests
+
+def test_cuda_property_suite():
+    """The hypothesis property checks of test_property.py (random shapes, masks, sinks, split-K, the 128-row tile,
+    ids and pages out of range), on the GPU with implementation='auto': the CUDA kernels where they cover the
+    shape (bf16/f16, D 64/128; MSA bf16/fp8; every indexer shape drawn), the reference lowering elsewhere."""
+    from hypothesis import given
+    from test_property import (
+        SETTINGS,
+        check_mha_ragged_paged,
+        check_msa_attention,
+        check_msa_indexer,
+        indexer_problems,
+        msa_problems,
+        paged_problems,
+    )
+
+    gpu = jax.devices("gpu")[0]
+
+    def on_gpu(check):
+        def run(p):
+            check(p, "auto", gpu)
+        return run
+
+    for check, problems in ((check_mha_ragged_paged, paged_problems), (check_msa_attention, msa_problems),
+                            (check_msa_indexer, indexer_problems)):
+        SETTINGS(given(p=problems())(on_gpu(check)))()

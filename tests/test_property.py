@@ -39,9 +39,36 @@ def paged_problems(draw):
     sink = draw(st.booleans())
     np_ = draw(st.sampled_from([0, 1, 3]))
     dtype = draw(st.sampled_from(["float32", "bfloat16"]))
+    wide = draw(st.booleans())  # >= 160 rows and a prompt-length hint: the 128-row query tile on CUDA
     seed = draw(st.integers(0, 2**31 - 1))
     return dict(n=n, cache=cache, pad=pad, hkv=hkv, group=group, d=d, page=page, mask=mask, window=window,
-                sink=sink, np_=np_, dtype=dtype, seed=seed)
+                sink=sink, np_=np_, dtype=dtype, wide=wide, seed=seed)
+
+
+def check_mha_ragged_paged(p, impl, device):
+    """One paged-MHA problem on `device` with `implementation=impl`, against the float64 oracle."""
+    rng = np.random.default_rng(p["seed"])
+    dtype = jax.numpy.dtype(p["dtype"])
+    total = [c + n for c, n in zip(p["cache"], p["n"])]
+    mp = max(1, -(-max(total) // p["page"]))
+    cache = make_paged_cache(rng, total, page_size=p["page"], max_pages=mp, n_kv_heads=p["hkv"], head_dim=p["d"],
+                             dtype=dtype)
+    t = sum(p["n"]) + p["pad"]
+    hints = {}
+    if p["wide"]:
+        t = max(t, 160)
+        hints["max_prompt_length"] = 1024
+    h = p["hkv"] * p["group"]
+    q = rand(rng, (max(t, 1), h, p["d"]), dtype)
+    offsets = np.concatenate([[0], np.cumsum(p["n"])]).astype(np.int32)
+    sink = rand(rng, (h,), dtype) if p["sink"] else None
+    args = (q, offsets, cache.kv_blocks, np.asarray(p["cache"], np.int32), cache.lut, 1)
+    kw = dict(mask_str=p["mask"], local_window_size=p["window"])
+    with jax.default_device(device):
+        got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=p["np_"],
+                                                          implementation=impl, **kw, **hints))(*args)
+    want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
+    assert_close(got, want, budget_for(dtype))
 
 
 @pytest.mark.parametrize("impl", ["reference", "native"])
@@ -50,24 +77,7 @@ def paged_problems(draw):
 def test_mha_ragged_paged_property(impl, p):
     if impl == "native" and not _native_ok():
         pytest.skip("native CPU library not available")
-    rng = np.random.default_rng(p["seed"])
-    dtype = jax.numpy.dtype(p["dtype"])
-    total = [c + n for c, n in zip(p["cache"], p["n"])]
-    mp = max(1, -(-max(total) // p["page"]))
-    cache = make_paged_cache(rng, total, page_size=p["page"], max_pages=mp, n_kv_heads=p["hkv"], head_dim=p["d"],
-                             dtype=dtype)
-    t = sum(p["n"]) + p["pad"]
-    h = p["hkv"] * p["group"]
-    q = rand(rng, (max(t, 1), h, p["d"]), dtype)
-    offsets = np.concatenate([[0], np.cumsum(p["n"])]).astype(np.int32)
-    sink = rand(rng, (h,), dtype) if p["sink"] else None
-    args = (q, offsets, cache.kv_blocks, np.asarray(p["cache"], np.int32), cache.lut, 1)
-    kw = dict(mask_str=p["mask"], local_window_size=p["window"])
-    with jax.default_device(jax.devices("cpu")[0]):
-        got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=p["np_"],
-                                                          implementation=impl, **kw))(*args)
-    want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
-    assert_close(got, want, budget_for(dtype))
+    check_mha_ragged_paged(p, impl, jax.devices("cpu")[0])
 
 
 @st.composite
@@ -83,12 +93,7 @@ def msa_problems(draw):
     return dict(n=n, cache=cache, group=group, topk=topk, dtype=dtype, np_=np_, seed=seed)
 
 
-@pytest.mark.parametrize("impl", ["reference", "native"])
-@SETTINGS
-@given(p=msa_problems())
-def test_msa_attention_property(impl, p):
-    if impl == "native" and not _native_ok():
-        pytest.skip("native CPU library not available")
+def check_msa_attention(p, impl, device):
     rng = np.random.default_rng(p["seed"])
     dtype = jax.numpy.dtype(p["dtype"])
     total = [c + n for c, n in zip(p["cache"], p["n"])]
@@ -100,12 +105,21 @@ def test_msa_attention_property(impl, p):
     offsets = np.concatenate([[0], np.cumsum(p["n"])]).astype(np.int32)
     ids = rng.integers(-1, mp + 2, (hkv, t, p["topk"])).astype(np.int32)
     args = (q, offsets, None, cache.kv_blocks, np.asarray(p["cache"], np.int32), cache.lut, 0, ids)
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(device):
         got = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=p["np_"],
                                                                     implementation=impl),
                       static_argnums=2)(*args)
     want = oracle.msa_attention_ragged_paged(*args)
     assert_close(got, want, budget_for(dtype))
+
+
+@pytest.mark.parametrize("impl", ["reference", "native"])
+@SETTINGS
+@given(p=msa_problems())
+def test_msa_attention_property(impl, p):
+    if impl == "native" and not _native_ok():
+        pytest.skip("native CPU library not available")
+    check_msa_attention(p, impl, jax.devices("cpu")[0])
 
 
 @st.composite
@@ -126,14 +140,9 @@ def indexer_problems(draw):
                 bad_page=bad_page, seed=seed)
 
 
-@pytest.mark.parametrize("impl", ["reference", "native"])
-@SETTINGS
-@given(p=indexer_problems())
-def test_msa_indexer_property(impl, p):
+def check_msa_indexer(p, impl, device):
     from test_reference import assert_indexer_matches
 
-    if impl == "native" and not _native_ok():
-        pytest.skip("native CPU library not available")
     rng = np.random.default_rng(p["seed"])
     dtype = jax.numpy.dtype(p["dtype"])
     total = [c + n for c, n in zip(p["cache"], p["n"])]
@@ -148,7 +157,16 @@ def test_msa_indexer_property(impl, p):
     offsets = np.concatenate([[0], np.cumsum(p["n"])]).astype(np.int32)
     args = (q, offsets, kb.kv_blocks, np.asarray(p["cache"], np.int32), lut, 0)
     kw = dict(topk=p["topk"], init_blocks=p["init"], local_blocks=p["local"])
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(device):
         got = np.asarray(jax.jit(lambda *a: msa_ops.msa_indexer_ragged_paged(*a, implementation=impl, **kw))(*args))
     want, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
     assert_indexer_matches(got, want, scores, elig, p["topk"], p["init"], p["local"])
+
+
+@pytest.mark.parametrize("impl", ["reference", "native"])
+@SETTINGS
+@given(p=indexer_problems())
+def test_msa_indexer_property(impl, p):
+    if impl == "native" and not _native_ok():
+        pytest.skip("native CPU library not available")
+    check_msa_indexer(p, impl, jax.devices("cpu")[0])
