@@ -227,8 +227,14 @@ def call(name: str, *operands: Any, **attrs: Any):
         )
     norm, implementation = normalize_call_attrs(op, attrs)
     arrays = [_as_array(name, n, x) for n, x in zip(op.operands, operands)]
-    outs = op.primitive.bind(*arrays, attrs=norm, implementation=implementation)
-    return outs[0]
+
+    def run(*xs):
+        return op.primitive.bind(*xs, attrs=norm, implementation=implementation)[0]
+
+    from .sharding import run_head_parallel
+
+    out = run_head_parallel(run, name, op.operands, arrays)  # explicit head sharding: one op per shard
+    return run(*arrays) if out is None else out
 
 
 def _as_array(op: str, operand: str, x: Any):
