@@ -49,7 +49,7 @@ CODE = textwrap.dedent(r'''
 ''')
 
 
-def _run(impl: str) -> str:
+def _run(impl: str, code: str = CODE) -> str:
     import tempfile
     from pathlib import Path
 
@@ -61,7 +61,7 @@ def _run(impl: str) -> str:
     env = dict(os.environ, IMPL=impl)
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
     with tempfile.TemporaryDirectory() as cwd:
-        r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=300,
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
                            cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
@@ -156,19 +156,7 @@ EXPLICIT = textwrap.dedent(r'''
 
 
 def _run_explicit(impl: str) -> dict:
-    import tempfile
-    from pathlib import Path
-
-    import msa_ops
-
-    pkg_root = str(Path(msa_ops.__file__).resolve().parent.parent)
-    env = dict(os.environ, IMPL=impl)
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
-    with tempfile.TemporaryDirectory() as cwd:
-        r = subprocess.run([sys.executable, "-c", EXPLICIT], capture_output=True, text=True, env=env, timeout=600,
-                           cwd=cwd)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith(("CASE", "FALLBACK"))]
+    rows = [ln.split() for ln in _run(impl, EXPLICIT).splitlines() if ln.startswith(("CASE", "FALLBACK"))]
     res = {row[1]: (float(row[2]), row[3] == "True", row[4] == "True") for row in rows if row[0] == "CASE"}
     res["fallback"] = next(float(row[1]) for row in rows if row[0] == "FALLBACK")
     return res
