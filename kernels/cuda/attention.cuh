@@ -18,6 +18,7 @@
 
 #include "msa_ops/common.h"
 #include "msa_ops/mask.h"
+#include "msa_ops/softmax.h"  // fast_exp2
 
 namespace msa_ops {
 namespace cuda {
@@ -94,14 +95,6 @@ struct Mma<__half> {
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
-
-// 2^x on the SFU: one MUFU.EX2 (exp2f adds a subnormal range fix-up around it); subnormal results flush to 0,
-// -inf gives 0. The softmax weights it produces are rounded to 16 bits anyway.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -12,9 +12,13 @@ namespace msa_ops {
 constexpr float kLog2e = 1.4426950408889634f;
 
 MSA_HD inline float neg_inf() { return -INFINITY; }
+// 2^x. On the GPU one SFU instruction (MUFU.EX2; exp2f adds a subnormal fix-up around it): subnormal results
+// flush to 0 and -inf gives 0, far below what rounding the softmax weights to 16 bits discards.
 MSA_HD inline float fast_exp2(float x) {
 #if defined(__CUDA_ARCH__)
-  return exp2f(x);
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 #else
   return std::exp2(x);
 #endif
