@@ -172,6 +172,21 @@ Error setup_paged(const char* target, MhaProblem& pr, AnyBuffer q, AnyBuffer kv,
   return Error::Success();
 }
 
+// The fields every dense handler fills the same way; the K/V source and the output come after.
+MhaProblem make_problem(const AnyBuffer& q, int64_t H, int64_t D, int64_t mask, int64_t window, double scale,
+                        int64_t block_n) {
+  MhaProblem pr{};
+  pr.dtype = q.element_type();
+  pr.q = q.untyped_data();
+  pr.H = H;
+  pr.D = D;
+  pr.mask = mask;
+  pr.window = window;
+  pr.scale = static_cast<float>(scale);
+  pr.block_n = block_n;
+  return pr;
+}
+
 Error MhaRaggedPaged(AnyBuffer q, AnyBuffer offsets, AnyBuffer kv, AnyBuffer cache_lengths, AnyBuffer table,
                      AnyBuffer layer, AnyBuffer sink, int64_t mask, int64_t window, double scale, int64_t has_sink,
                      int64_t num_partitions, int64_t block_n, int64_t /*tile_m: CUDA only*/, AnyResult out,
@@ -183,15 +198,7 @@ Error MhaRaggedPaged(AnyBuffer q, AnyBuffer offsets, AnyBuffer kv, AnyBuffer cac
   if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
   if (auto e = check_mask(target, mask, window); e.failure()) return e;
   if (block_n < 1) return invalid(target, "block_n: expected >= 1");
-  MhaProblem pr{};
-  pr.dtype = q.element_type();
-  pr.q = q.untyped_data();
-  pr.H = H;
-  pr.D = D;
-  pr.mask = mask;
-  pr.window = window;
-  pr.scale = static_cast<float>(scale);
-  pr.block_n = block_n;
+  MhaProblem pr = make_problem(q, H, D, mask, window, scale, block_n);
   if (auto e = setup_paged(target, pr, q, kv, B, cache_lengths, table, layer); e.failure()) return e;
   if (sink.element_type() != q.element_type() || static_cast<int64_t>(sink.element_count()) != H)
     return invalid(target, "sink_weights: expected q's dtype and shape [" + std::to_string(H) + "], got " + dims_str(sink));
@@ -224,19 +231,9 @@ Error MhaPaddedPaged(AnyBuffer q, AnyBuffer kv, AnyBuffer cache_lengths, AnyBuff
   if (auto e = check_index(target, "valid_lengths", valid_lengths, B); e.failure()) return e;
   if (auto e = check_mask(target, mask, window); e.failure()) return e;
   if (block_n < 1) return invalid(target, "block_n: expected >= 1");
-  MhaProblem pr{};
-  pr.dtype = q.element_type();
-  pr.q = q.untyped_data();
-  pr.H = H;
-  pr.D = D;
-  pr.mask = mask;
-  pr.window = window;
-  pr.scale = static_cast<float>(scale);
-  pr.block_n = block_n;
+  MhaProblem pr = make_problem(q, H, D, mask, window, scale, block_n);
   if (auto e = setup_paged(target, pr, q, kv, B, cache_lengths, table, layer); e.failure()) return e;
   if (auto e = setup_output(target, pr.out, pr.dtype, q, out, ws_o, ws_lse, B * S, H, D, num_partitions); e.failure()) return e;
-  pr.out.has_sink = false;
-  pr.out.sink2 = nullptr;
   const int32_t* cl = idx(cache_lengths);
   const int32_t* vl = idx(valid_lengths);
   std::vector<SeqDesc> seqs;
@@ -279,19 +276,9 @@ Error MhaRaggedNoCache(AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer offsets,
   if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
   if (auto e = check_index(target, "kv_input_row_offsets", kv_offsets, B + 1); e.failure()) return e;
   if (auto e = check_mask(target, mask, window); e.failure()) return e;
-  MhaProblem pr{};
-  pr.dtype = q.element_type();
-  pr.q = q.untyped_data();
-  pr.H = H;
-  pr.D = D;
-  pr.mask = mask;
-  pr.window = window;
-  pr.scale = static_cast<float>(scale);
-  pr.block_n = kSplitKBlockN;
+  MhaProblem pr = make_problem(q, H, D, mask, window, scale, kSplitKBlockN);
   if (auto e = setup_no_cache(target, pr, q, k, v, 1); e.failure()) return e;
   if (auto e = setup_output(target, pr.out, pr.dtype, q, out, out, out, T, H, D, 1); e.failure()) return e;
-  pr.out.has_sink = false;
-  pr.out.sink2 = nullptr;
   std::vector<int64_t> eq(B + 1), ek(B + 1);
   repair_offsets(idx(offsets), B + 1, T, eq.data());
   repair_offsets(idx(kv_offsets), B + 1, Tk, ek.data());
@@ -313,19 +300,9 @@ Error MhaPaddedNoCache(AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer valid_le
   const int64_t Sk = dim(k, 1);
   if (auto e = check_index(target, "valid_length", valid_length, B); e.failure()) return e;
   if (auto e = check_mask(target, mask, window); e.failure()) return e;
-  MhaProblem pr{};
-  pr.dtype = q.element_type();
-  pr.q = q.untyped_data();
-  pr.H = H;
-  pr.D = D;
-  pr.mask = mask;
-  pr.window = window;
-  pr.scale = static_cast<float>(scale);
-  pr.block_n = kSplitKBlockN;
+  MhaProblem pr = make_problem(q, H, D, mask, window, scale, kSplitKBlockN);
   if (auto e = setup_no_cache(target, pr, q, k, v, 2); e.failure()) return e;
   if (auto e = setup_output(target, pr.out, pr.dtype, q, out, out, out, B * S, H, D, 1); e.failure()) return e;
-  pr.out.has_sink = false;
-  pr.out.sink2 = nullptr;
   const int32_t* vl = idx(valid_length);
   std::vector<SeqDesc> seqs;
   for (int64_t b = 0; b < B; ++b) {

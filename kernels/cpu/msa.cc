@@ -140,8 +140,6 @@ Error MsaAttention(AnyBuffer q, AnyBuffer offsets, AnyBuffer cache_row_offsets, 
   MsaProblem pr{};
   if (auto e = setup_output(target, pr.out, DataType::BF16, q, out, ws_o, ws_lse, T, H, D, num_partitions); e.failure())
     return e;
-  pr.out.has_sink = false;
-  pr.out.sink2 = nullptr;
   pr.q = q.untyped_data();
   pr.kv = kv.untyped_data();
   pr.geo = PagedKV{dim(kv, 0), 2, dim(kv, 2), kMsaBlockSize, Hkv, D, dim(table, 1), read_i32_scalar(layer)};

@@ -20,8 +20,8 @@ struct AttnOutput {
   float* ws_o;
   float* ws_lse;
   int64_t rows, H, D, np;
-  bool has_sink;
-  const float* sink2;  // [H] sink in log2 units (when has_sink)
+  bool has_sink = false;
+  const float* sink2 = nullptr;  // [H] sink in log2 units (when has_sink)
 };
 
 // One query vector (row, head) of partition p is done: write the final row (np == 1) or the partial.
