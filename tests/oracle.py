@@ -137,8 +137,7 @@ def mha_ragged_paged(q, input_row_offsets, kv_blocks, cache_lengths, kv_lookup_t
                      mask_str="causal", local_window_size=-1, scale=None, sink_weights=None, **_ignored):
     qf = f64(q)
     T, H, Dq = qf.shape
-    _NB, _L, _P, Hkv, D, lut, s_max = _layout(kv_blocks, kv_lookup_table)
-    group = H // Hkv
+    _NB, _L, _P, _Hkv, D, lut, s_max = _layout(kv_blocks, kv_lookup_table)
     scale = _default_scale(scale, Dq)
     sinks = None if sink_weights is None else f64(sink_weights)
     eff = repair_offsets(input_row_offsets, T)
@@ -147,19 +146,26 @@ def mha_ragged_paged(q, input_row_offsets, kv_blocks, cache_lengths, kv_lookup_t
     out = np.zeros((T, H, D), np.float64)
     for b in range(len(cl)):
         r0, r1 = int(eff[b]), int(eff[b + 1])
-        n = r1 - r0
-        if n <= 0:
-            continue
-        c = int(np.clip(cl[b], 0, s_max))
-        n_keys = min(c + n, s_max)
-        K, exists = gather_paged_keys(kv_blocks, lut[b], layer, n_keys, 0)
-        V, _ = gather_paged_keys(kv_blocks, lut[b], layer, n_keys, 1)
-        p = (c + np.arange(n))[:, None]
-        vis = visible(mask_str, p, np.arange(n_keys)[None, :], local_window_size) & exists[None, :]
-        for h in range(H):
-            g = h // group
-            out[r0:r1, h] = softmax_attend(qf[r0:r1, h], K[:, g], V[:, g], vis, scale,
-                                           None if sinks is None else float(sinks[h]))
+        if r1 > r0:
+            c = int(np.clip(cl[b], 0, s_max))
+            out[r0:r1] = _paged_attend(qf[r0:r1], kv_blocks, lut[b], layer, c, s_max, mask_str, local_window_size,
+                                       scale, sinks)
+    return out
+
+
+def _paged_attend(qs, kv_blocks, lut_row, layer, c, s_max, mask_str, window, scale, sinks=None):
+    """Query rows qs[n, H, Dq] of one sequence, at positions c .. c+n-1, over its paged keys -> [n, H, D]."""
+    n, H, _ = qs.shape
+    group = H // kv_blocks.shape[4]
+    n_keys = min(c + n, s_max)
+    K, exists = gather_paged_keys(kv_blocks, lut_row, layer, n_keys, 0)
+    V, _ = gather_paged_keys(kv_blocks, lut_row, layer, n_keys, 1)
+    p = (c + np.arange(n))[:, None]
+    vis = visible(mask_str, p, np.arange(n_keys)[None, :], window) & exists[None, :]
+    out = np.zeros((n, H, kv_blocks.shape[5]), np.float64)
+    for h in range(H):
+        g = h // group
+        out[:, h] = softmax_attend(qs[:, h], K[:, g], V[:, g], vis, scale, None if sinks is None else float(sinks[h]))
     return out
 
 
@@ -170,8 +176,7 @@ def mha_padded_paged(q, kv_blocks, cache_lengths, kv_lookup_table, layer_idx, va
                      mask_str="causal", local_window_size=-1, scale=None, **_ignored):
     qf = f64(q)
     B, S, H, Dq = qf.shape
-    _NB, _L, _P, Hkv, D, lut, s_max = _layout(kv_blocks, kv_lookup_table)
-    group = H // Hkv
+    _NB, _L, _P, _Hkv, D, lut, s_max = _layout(kv_blocks, kv_lookup_table)
     scale = _default_scale(scale, Dq)
     cl = as_i32(cache_lengths)
     vl = as_i32(valid_lengths)
@@ -179,17 +184,10 @@ def mha_padded_paged(q, kv_blocks, cache_lengths, kv_lookup_table, layer_idx, va
     out = np.zeros((B, S, H, D), np.float64)
     for b in range(B):
         n = int(np.clip(vl[b], 0, S))
-        if n == 0:
-            continue
-        c = int(np.clip(cl[b], 0, s_max))
-        n_keys = min(c + n, s_max)
-        K, exists = gather_paged_keys(kv_blocks, lut[b], layer, n_keys, 0)
-        V, _ = gather_paged_keys(kv_blocks, lut[b], layer, n_keys, 1)
-        p = (c + np.arange(n))[:, None]
-        vis = visible(mask_str, p, np.arange(n_keys)[None, :], local_window_size) & exists[None, :]
-        for h in range(H):
-            g = h // group
-            out[b, :n, h] = softmax_attend(qf[b, :n, h], K[:, g], V[:, g], vis, scale)
+        if n > 0:
+            c = int(np.clip(cl[b], 0, s_max))
+            out[b, :n] = _paged_attend(qf[b, :n], kv_blocks, lut[b], layer, c, s_max, mask_str, local_window_size,
+                                       scale)
     return out
 
 
