@@ -50,28 +50,28 @@ def run_head_parallel(fn, name: str, operand_names: tuple[str, ...], arrays: lis
     A head-axis operand that arrives replicated (say, sink weights) is first resharded to its heads: a local
     slice on every device, no communication.
     """
-    specs = head_parallel(name, operand_names, arrays)
-    if specs is None:
-        if all(spec is None or all(e is None for e in spec) for spec in map(_spec, arrays)):
-            return None  # nothing explicitly sharded: the ordinary path
+    specs = [_spec(x) for x in arrays]
+    if all(spec is None or all(e is None for e in spec) for spec in specs):
+        return None  # nothing explicitly sharded: the ordinary path
+    parallel = head_parallel(name, operand_names, arrays, specs)
+    if parallel is None:
         # Explicitly sharded, but not along the heads alone: gather every operand first (what Auto mode does
         # implicitly), so the op sees whole arrays.
         return fn(*[jax.reshard(x, P()) for x in arrays])
-    in_specs, out_spec = specs
-    ready = [x if _spec(x) == tuple(s) + (None,) * (x.ndim - len(tuple(s))) else jax.reshard(x, s)
-             for x, s in zip(arrays, in_specs)]
+    in_specs, out_spec = parallel
+    ready = [x if spec == tuple(s) else jax.reshard(x, s) for x, spec, s in zip(arrays, specs, in_specs)]
     return jax.shard_map(fn, in_specs=in_specs, out_specs=out_spec)(*ready)
 
 
-def head_parallel(name: str, operand_names: tuple[str, ...], arrays: list[Any]):
-    """(in_specs, out_spec) when the call should run per head shard, else None."""
+def head_parallel(name: str, operand_names: tuple[str, ...], arrays: list[Any], specs: list[tuple | None]):
+    """(in_specs, out_spec) when the call should run per head shard, else None. ``specs``: ``_spec`` of each
+    array."""
     table = HEAD_AXES.get(name)
     if table is None:
         return None
     head_axes, out_axis, out_rank = table
     entry, mesh = None, None
-    for operand, x in zip(operand_names, arrays):
-        spec = _spec(x)
+    for operand, x, spec in zip(operand_names, arrays, specs):
         if spec is None:
             continue
         ax = head_axes.get(operand)
