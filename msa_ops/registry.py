@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from .errors import NativeUnavailableError, OpAttributeError, OpShapeError
+from .sharding import run_head_parallel
 
 IMPLEMENTATIONS = ("auto", "reference", "native")
 IMPLEMENTATION_ENV = "MSA_OPS_IMPLEMENTATION"
@@ -52,7 +52,9 @@ class OpDef:
 
     ``abstract(*avals, attrs) -> tuple[ShapedArray, ...]`` checks shapes/dtypes and returns result avals
     (the first is the op's output; any further ones are split-K workspace).
-    ``reference(*arrays, attrs)`` and ``native(*arrays, attrs)`` return tuples of arrays of those avals.
+    ``reference(*arrays, attrs)`` and ``native(*arrays, attrs, platform)`` return tuples of arrays of those avals
+    (``platform``: 'cpu' or 'cuda', for a native lowering that differs between them, like the CUDA indexer's
+    workspace).
     """
 
     name: str
@@ -143,12 +145,12 @@ def resolve_implementation(op: OpDef, platform: str | None, implementation: str,
 
 def _lowering(ctx, *args, attrs: Attrs, implementation: str, op: OpDef, platform: str | None):
     impl = resolve_implementation(op, platform, implementation, ctx.avals_in, attrs)
-    fn = op.native if impl == "native" else op.reference
-    assert fn is not None
-    kw: dict[str, Any] = {"attrs": attrs}
-    if impl == "native" and "platform" in inspect.signature(fn).parameters:
-        kw["platform"] = platform  # a native lowering that differs per platform (e.g. a CUDA-only workspace)
-    return mlir.lower_fun(partial(fn, **kw), multiple_results=True)(ctx, *args)
+    if impl == "native":
+        assert op.native is not None
+        fn = partial(op.native, attrs=attrs, platform=platform)
+    else:
+        fn = partial(op.reference, attrs=attrs)
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 
 def _batch_rule(args, dims, *, attrs: Attrs, implementation: str, op: OpDef):
@@ -230,8 +232,6 @@ def call(name: str, *operands: Any, **attrs: Any):
 
     def run(*xs):
         return op.primitive.bind(*xs, attrs=norm, implementation=implementation)[0]
-
-    from .sharding import run_head_parallel
 
     out = run_head_parallel(run, name, op.operands, arrays)  # explicit head sharding: one op per shard
     return run(*arrays) if out is None else out

@@ -43,7 +43,7 @@ def _store_abstract(kv, k, v, offsets, cache_lengths, lookup, layer_idx, *, attr
     return (ShapedArray(kv.shape, kv.dtype),)
 
 
-def _store_native(kv, k, v, offsets, cache_lengths, lookup, layer_idx, *, attrs):
+def _store_native(kv, k, v, offsets, cache_lengths, lookup, layer_idx, *, attrs, platform):
     call = jax.ffi.ffi_call(
         "msa_ops_kv_cache_store", (jax.ShapeDtypeStruct(kv.shape, kv.dtype),), input_output_aliases={0: 0}
     )
@@ -72,7 +72,7 @@ def _ro_abstract(offsets, cache_lengths, *, attrs):
     return (ShapedArray((b + 1,), jnp.int32),)
 
 
-def _ro_native(offsets, cache_lengths, *, attrs):
+def _ro_native(offsets, cache_lengths, *, attrs, platform):
     call = jax.ffi.ffi_call("msa_ops_kv_cache_row_offsets", (jax.ShapeDtypeStruct(offsets.shape, jnp.int32),))
     return tuple(call(as_i32(offsets), as_i32(cache_lengths)))
 

@@ -155,7 +155,7 @@ def _ragged_paged_reference(op: str):
 def _ragged_paged_native(op: str):
     plan_fn = _ragged_paged_plan(op)
 
-    def native(q, offsets, kv, cache_lengths, lookup, layer_idx, sink=None, *, attrs):
+    def native(q, offsets, kv, cache_lengths, lookup, layer_idx, sink=None, *, attrs, platform):
         plan = plan_fn(q, offsets, kv, cache_lengths, lookup, layer_idx, attrs=attrs)
         t, h, d = q.shape
         npw = plan.workspace_partitions
@@ -252,7 +252,7 @@ def _padded_paged_reference(q, kv, cache_lengths, lookup, layer_idx, valid_lengt
     )
 
 
-def _padded_paged_native(q, kv, cache_lengths, lookup, layer_idx, valid_lengths, *, attrs):
+def _padded_paged_native(q, kv, cache_lengths, lookup, layer_idx, valid_lengths, *, attrs, platform):
     plan = _padded_paged_plan(q, kv, cache_lengths, lookup, layer_idx, valid_lengths, attrs=attrs)
     b, s, h, d = q.shape
     npw = plan.workspace_partitions
@@ -326,7 +326,7 @@ def _ragged_no_cache_reference(q, k, v, offsets, kv_offsets, *, attrs):
     )
 
 
-def _ragged_no_cache_native(q, k, v, offsets, kv_offsets, *, attrs):
+def _ragged_no_cache_native(q, k, v, offsets, kv_offsets, *, attrs, platform):
     call = jax.ffi.ffi_call("msa_ops_mha_ragged_no_cache", (jax.ShapeDtypeStruct(q.shape, q.dtype),))
     return tuple(call(q, k, v, as_i32(offsets), as_i32(kv_offsets), **_attrs_for_ffi(attrs, q.shape[2])))
 
@@ -365,7 +365,7 @@ def _padded_no_cache_reference(q, k, v, valid_length, *, attrs):
     )
 
 
-def _padded_no_cache_native(q, k, v, valid_length, *, attrs):
+def _padded_no_cache_native(q, k, v, valid_length, *, attrs, platform):
     call = jax.ffi.ffi_call("msa_ops_mha_padded_no_cache", (jax.ShapeDtypeStruct(q.shape, q.dtype),))
     return tuple(call(q, k, v, as_i32(valid_length), **_attrs_for_ffi(attrs, q.shape[3])))
 
@@ -409,7 +409,7 @@ def _gn_reference(batch, length, *, attrs):
     return ref.get_num_partitions(batch, length, n_kv_heads=attrs.n_kv_heads, sm_count=attrs.sm_count)
 
 
-def _gn_native(batch, length, *, attrs):
+def _gn_native(batch, length, *, attrs, platform):
     call = jax.ffi.ffi_call("msa_ops_get_num_partitions", (jax.ShapeDtypeStruct((), jnp.int32),))
     return tuple(call(as_i32(batch), as_i32(length), n_kv_heads=np.int64(attrs.n_kv_heads),
                       sm_count=np.int64(attrs.sm_count)))

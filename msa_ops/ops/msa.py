@@ -102,7 +102,8 @@ def _msa_reference(*args, attrs):
     )
 
 
-def _msa_native(q, offsets, cache_row_offsets, kv, cache_lengths, lookup, layer_idx, d_indices, *, attrs):
+def _msa_native(q, offsets, cache_row_offsets, kv, cache_lengths, lookup, layer_idx, d_indices, *, attrs,
+                platform):
     plan = _msa_plan(q, offsets, cache_row_offsets, kv, cache_lengths, lookup, layer_idx, d_indices, attrs=attrs)
     t, h, d = q.shape
     npw = plan.workspace_partitions
@@ -203,7 +204,7 @@ def _ix_native_supports(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_i
     return None
 
 
-def _ix_native(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *, attrs, platform=None):
+def _ix_native(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *, attrs, platform):
     t, hi, di = q.shape
     outs = [jax.ShapeDtypeStruct((hi, t, attrs.topk), jnp.int32)]
     if platform == "cuda":  # per-block scores between the CUDA score and top-k kernels (dropped here)
