@@ -234,6 +234,41 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
   return st;
 }
 
+// The keys one query tile visits: the union of its rows' intervals (each bound is monotone in the position, so
+// the first and last rows give it), cut to the split-K partition `part`, in key tiles of BN.
+struct TileKeys {
+  int rows_seq;                    // packed rows of the sequence (tokens x group)
+  KeyInterval iv_first, iv_last;   // key intervals of the tile's first and last rows
+  int64_t k_lo, k_hi;              // keys [k_lo, k_hi) of this tile and partition
+  int tile_first, num_tiles;       // BN-key tiles covering them
+};
+
+template <int BLOCK_M, int BN>
+__device__ __forceinline__ TileKeys tile_keys(const AttentionArgs& a, const SeqTile& st, int part) {
+  TileKeys tk;
+  const int group = a.group;
+  tk.rows_seq = st.n_q * group;
+  const int row_end = min(st.row0 + BLOCK_M, tk.rows_seq);
+  const int64_t p_first = st.pos0 + st.row0 / group;
+  const int64_t p_last = st.pos0 + (row_end - 1) / group;
+  tk.iv_first = visible_keys(a.mask, a.window, p_first, st.kmax);
+  tk.iv_last = visible_keys(a.mask, a.window, p_last, st.kmax);
+  int64_t k_lo = tk.iv_first.lo, k_hi = tk.iv_last.hi;
+  if (a.num_partitions > 1) {  // split-K partition of the sequence's keys
+    const int64_t n = st.n_keys;
+    const int64_t per = n > 0 ? ceil_div(n, a.num_partitions) : 0;
+    const int64_t s = imax(a.split_block_n, align_up(per, a.split_block_n));
+    k_lo = imax(k_lo, imin(n, part * s));
+    k_hi = imin(k_hi, imin(n, (part + 1) * s));
+  }
+  tk.k_lo = k_lo;
+  tk.k_hi = k_hi;
+  tk.tile_first = k_hi > k_lo ? static_cast<int>(k_lo / BN) : 0;
+  const int tile_last = k_hi > k_lo ? static_cast<int>((k_hi + BN - 1) / BN) : 0;  // exclusive
+  tk.num_tiles = tile_last - tk.tile_first;
+  return tk;
+}
+
 // ------------------------------------------------------------------------------------------------ kernel
 
 template <typename T, int D, int BLOCK_M, int STAGES>
@@ -288,26 +323,11 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   const T* q = static_cast<const T*>(a.q);
 
   // Rows of this tile: packed r in [row0, row0 + BLOCK_M): token r / group, head hkv * group + r % group.
-  const int rows_seq = st.n_q * group;
-  const int row_end = min(st.row0 + BLOCK_M, rows_seq);
-  const int64_t p_first = st.pos0 + st.row0 / group;
-  const int64_t p_last = st.pos0 + (row_end - 1) / group;
-
-  // Key range of the tile (union of its rows' intervals; each bound is monotone in the position).
-  const KeyInterval iv_first = visible_keys(a.mask, a.window, p_first, st.kmax);
-  const KeyInterval iv_last = visible_keys(a.mask, a.window, p_last, st.kmax);
-  int64_t k_lo = iv_first.lo, k_hi = iv_last.hi;
-  // Split-K partition of the sequence's keys.
-  if (a.num_partitions > 1) {
-    const int64_t n = st.n_keys;
-    const int64_t per = n > 0 ? ceil_div(n, a.num_partitions) : 0;
-    const int64_t s = imax(a.split_block_n, align_up(per, a.split_block_n));
-    k_lo = imax(k_lo, imin(n, part * s));
-    k_hi = imin(k_hi, imin(n, (part + 1) * s));
-  }
-  const int tile_first = k_hi > k_lo ? static_cast<int>(k_lo / BN) : 0;
-  const int tile_last = k_hi > k_lo ? static_cast<int>((k_hi + BN - 1) / BN) : 0;  // exclusive
-  const int num_tiles = tile_last - tile_first;
+  const TileKeys tk = tile_keys<BLOCK_M, BN>(a, st, part);
+  const int rows_seq = tk.rows_seq;
+  const KeyInterval iv_first = tk.iv_first, iv_last = tk.iv_last;
+  const int64_t k_lo = tk.k_lo, k_hi = tk.k_hi;
+  const int tile_first = tk.tile_first, num_tiles = tk.num_tiles;
 
   // ---- load Q (zero rows past the sequence) into swizzled shared memory
   for (int c = tid; c < BLOCK_M * (D / 8); c += Cfg::kThreads) {

@@ -178,23 +178,11 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   const int group = a.group;
   const T* q = static_cast<const T*>(a.q);
 
-  const int rows_seq = st.n_q * group;
-  const int row_end = min(st.row0 + BM, rows_seq);
-  const int64_t p_first = st.pos0 + st.row0 / group;
-  const int64_t p_last = st.pos0 + (row_end - 1) / group;
-  const KeyInterval iv_first = visible_keys(a.mask, a.window, p_first, st.kmax);
-  const KeyInterval iv_last = visible_keys(a.mask, a.window, p_last, st.kmax);
-  int64_t k_lo = iv_first.lo, k_hi = iv_last.hi;
-  if (a.num_partitions > 1) {
-    const int64_t n = st.n_keys;
-    const int64_t per = n > 0 ? ceil_div(n, a.num_partitions) : 0;
-    const int64_t s = imax(a.split_block_n, align_up(per, a.split_block_n));
-    k_lo = imax(k_lo, imin(n, part * s));
-    k_hi = imin(k_hi, imin(n, (part + 1) * s));
-  }
-  const int tile_first = k_hi > k_lo ? static_cast<int>(k_lo / BN) : 0;
-  const int tile_last = k_hi > k_lo ? static_cast<int>((k_hi + BN - 1) / BN) : 0;
-  const int num_tiles = tile_last - tile_first;
+  const TileKeys tk = tile_keys<BM, BN>(a, st, part);
+  const int rows_seq = tk.rows_seq;
+  const KeyInterval iv_first = tk.iv_first, iv_last = tk.iv_last;
+  const int64_t k_lo = tk.k_lo, k_hi = tk.k_hi;
+  const int tile_first = tk.tile_first, num_tiles = tk.num_tiles;
 
   // ---- Q (zero rows past the sequence) into the swizzled [D/64][BM][64] tile
   constexpr int CPR = Cfg::kChunksPerRow, RSTEP = Cfg::kRowStep, NPASS = Cfg::kPasses;
