@@ -269,6 +269,40 @@ __device__ __forceinline__ TileKeys tile_keys(const AttentionArgs& a, const SeqT
   return tk;
 }
 
+// Epilogue of one query row (token qrow, head h) a tile finished, from the thread's share of it: columns
+// j*8 + 2*(lane%4) + {0, 1} hold o[4j], o[4j+1] (the mma/wgmma accumulator layout, rows i*8 apart interleaved).
+// One partition: the output row, normalized by l (plus the sink). Split-K: the partition's normalized partial
+// and its log2-sum-exp.
+template <typename T, int D>
+__device__ __forceinline__ void store_row(const AttentionArgs& a, int64_t qrow, int h, int part, float l, float m,
+                                          const float* o, int lane) {
+  using M = Mma<T>;
+  constexpr int ND = D / 8;
+  const bool any = l > 0.f;
+  if (a.num_partitions <= 1) {
+    T* out = static_cast<T*>(a.out);
+    const T* sink = static_cast<const T*>(a.sink);
+    float den = l;
+    if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
+    const float inv = any ? 1.f / den : 0.f;
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      const uint32_t packed = M::pack(o[j * 4] * inv, o[j * 4 + 1] * inv);
+      *reinterpret_cast<uint32_t*>(out + (qrow * a.H + h) * D + col) = packed;
+    }
+  } else {
+    const float inv = any ? 1.f / l : 0.f;
+    const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(a.ws_o + ws_row * D + col) = make_float2(o[j * 4] * inv, o[j * 4 + 1] * inv);
+    }
+    if (lane % 4 == 0) a.ws_lse[ws_row] = any ? m + log2f(l) : -INFINITY;
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ kernel
 
 template <typename T, int D, int BLOCK_M, int STAGES>
@@ -680,39 +714,14 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   }
 
   // Epilogue: final output (one partition) or the partition's normalized partial and its log2-sum-exp.
-  T* out = static_cast<T*>(a.out);
-  const T* sink = static_cast<const T*>(a.sink);
 #pragma unroll
   for (int mb = 0; mb < MB; ++mb) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int pr = st.row0 + warp_row0_q + mb * 16 + lane / 4 + i * 8;
       if (pr >= rows_seq) continue;
-      const int64_t qrow = st.q_base + pr / group;
-      const int h = hkv * group + pr % group;
-      const float l = l_run[mb][i], m = m_run[mb][i];
-      const bool any = l > 0.f;
-      if (a.num_partitions <= 1) {
-        float den = l;
-        if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
-        const float inv = any ? 1.f / den : 0.f;
-#pragma unroll
-        for (int j = 0; j < ND; ++j) {
-          const int col = j * 8 + (lane % 4) * 2;
-          const uint32_t packed = M::pack(o[mb][j][i * 2] * inv, o[mb][j][i * 2 + 1] * inv);
-          *reinterpret_cast<uint32_t*>(out + (qrow * a.H + h) * D + col) = packed;
-        }
-      } else {
-        const float inv = any ? 1.f / l : 0.f;
-        const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;
-#pragma unroll
-        for (int j = 0; j < ND; ++j) {
-          const int col = j * 8 + (lane % 4) * 2;
-          *reinterpret_cast<float2*>(a.ws_o + ws_row * D + col) =
-              make_float2(o[mb][j][i * 2] * inv, o[mb][j][i * 2 + 1] * inv);
-        }
-        if (lane % 4 == 0) a.ws_lse[ws_row] = any ? m + log2f(l) : -INFINITY;
-      }
+      store_row<T, D>(a, st.q_base + pr / group, hkv * group + pr % group, part, l_run[mb][i], m_run[mb][i],
+                      &o[mb][0][i * 2], lane);
     }
   }
 }

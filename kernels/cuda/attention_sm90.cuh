@@ -445,38 +445,12 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
   }
 
-  // Epilogue (attention_kernel's): final output, or the partition's normalized partial and log2-sum-exp.
-  T* out = static_cast<T*>(a.out);
-  const T* sink = static_cast<const T*>(a.sink);
+  // Epilogue (attention_kernel's store_row): final output, or the partition's partial and log2-sum-exp.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
     if (pr >= rows_seq) continue;
-    const int64_t qrow = st.q_base + pr / group;
-    const int h = hkv * group + pr % group;
-    const float l = l_run[i], m = m_run[i];
-    const bool any = l > 0.f;
-    if (a.num_partitions <= 1) {
-      float den = l;
-      if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
-      const float inv = any ? 1.f / den : 0.f;
-#pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        const uint32_t packed = M::pack(o[j * 4 + i * 2] * inv, o[j * 4 + i * 2 + 1] * inv);
-        *reinterpret_cast<uint32_t*>(out + (qrow * a.H + h) * D + col) = packed;
-      }
-    } else {
-      const float inv = any ? 1.f / l : 0.f;
-      const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;
-#pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(a.ws_o + ws_row * D + col) =
-            make_float2(o[j * 4 + i * 2] * inv, o[j * 4 + i * 2 + 1] * inv);
-      }
-      if (lane % 4 == 0) a.ws_lse[ws_row] = any ? m + log2f(l) : -INFINITY;
-    }
+    store_row<T, D>(a, st.q_base + pr / group, hkv * group + pr % group, part, l_run[i], m_run[i], &o[i * 2], lane);
   }
 #else
   __trap();  // launched only on sm_90 (see launch_attention)
