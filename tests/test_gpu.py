@@ -368,6 +368,8 @@ def test_cuda_indexer_matches_oracle(seed, scenario, topk, init_blocks, local_bl
 @pytest.mark.parametrize("mp,topk,init_blocks,local_blocks", [(1024, 64, 1, 2), (300, 16, 0, 0), (8, 8, 2, 2)])
 def test_cuda_indexer_long_context_and_cpu(mp, topk, init_blocks, local_blocks):
     """Many blocks (the shared-memory sort), bad layer, CUDA == native CPU."""
+    from test_reference import assert_indexer_matches
+
     rng = np.random.default_rng(mp)
     b, hi, di = 3, 4, 128
     nb = b * mp + 2
@@ -382,7 +384,6 @@ def test_cuda_indexer_long_context_and_cpu(mp, topk, init_blocks, local_blocks):
         f = jax.jit(lambda *a: msa_ops.msa_indexer_ragged_paged(*a, implementation="native", **kw))
         got = np.asarray(f(*args))
         ref, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
-        from test_reference import assert_indexer_matches
         assert_indexer_matches(got, ref, scores, elig, topk, init_blocks, local_blocks)
         with jax.default_device(jax.devices("cpu")[0]):
             cpu = np.asarray(f(*args))
