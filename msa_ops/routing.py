@@ -160,6 +160,7 @@ def plan_msa(
         tile_m = _align_up(max_q * group, 16)
         np_ = max(1, min(num_partitions, max(1, topk))) if num_partitions > 0 else 1
         return Plan(op, "speculative", "msa_speculative", tile_m, 128, np_, max_q, max_keys_static, group, why)
-    why = f"{max_q} queries per sequence: block-sparse prefill"
+    why = (f"{max_q} queries per sequence: block-sparse prefill, 128-row tiles that read each selected block once "
+           "per tile (CUDA sm_90, bf16, one partition; per token otherwise)")
     np_ = max(1, min(num_partitions, max(1, topk))) if num_partitions > 0 else 1
-    return Plan(op, "prefill", "msa_prefill", 64, 128, np_, max_q, max_keys_static, group, why)
+    return Plan(op, "prefill", "msa_prefill", 128, 128, np_, max_q, max_keys_static, group, why)

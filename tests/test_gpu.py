@@ -338,6 +338,85 @@ def test_cuda_msa_bad_values_and_cpu_agreement():
         assert np.abs(got - cpu).max() < 3e-2
 
 
+# The prefill route's block-reusing kernel (msa_prefill_sm90.cuh; bf16 on sm_90): 128-row tiles of up to 128
+# tokens, the union of their selections planned on the device in chunks of 512 blocks.
+MSA_PREFILL_CASES = [  # (pattern, group, topk, n per sequence, cache per sequence, max_pages, padding rows)
+    ("blocks", 8, 4, [300, 0, 140], [0, 50, 200], 4, 9),      # each 128-token query block shares a selection
+    ("random", 1, 16, [200, 37], [130, 0], 4, 3),             # -1, duplicates, ids past the sequence and the table
+    ("random", 3, 7, [150, 61], [257, 1000], 10, 0),          # tiles that straddle a token's heads
+    ("random", 16, 64, [90], [1000], 9, 5),
+    ("random", 4, 256, [40, 20], [3000, 10], 30, 2),
+    ("spread", 1, 64, [130], [80000], 640, 0),                # > 512 distinct blocks in one tile: several chunks
+]
+
+
+def _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv):
+    ids = np.full((hkv, batch.T, topk), -1, np.int32)
+    for b, (c, n) in enumerate(zip(batch.cache, batch.n)):
+        for i in range(n):
+            t, pos = int(batch.offsets[b]) + i, c + i
+            for h in range(hkv):
+                if pattern == "blocks":  # the query block's own block and topk - 1 earlier ones
+                    qb = pos // 128
+                    pick = np.random.default_rng((b, h, qb)).permutation(qb)[: topk - 1]
+                    row = rng.permutation(np.concatenate([[qb], pick]))
+                elif pattern == "spread":
+                    row = rng.integers(0, max_pages, topk)
+                else:
+                    row = rng.integers(-2, max_pages + 2, topk)
+                    if topk > 2:
+                        row[1] = row[0]
+                ids[h, t, : len(row)] = row
+    return ids
+
+
+@pytest.mark.parametrize("case", MSA_PREFILL_CASES, ids=lambda c: f"{c[0]}-g{c[1]}-k{c[2]}")
+def test_cuda_msa_prefill_kernel(case, monkeypatch):
+    pattern, group, topk, n, cache_len, max_pages, pad = case
+    hkv = 2
+    rng = np.random.default_rng(sum(n) + topk)
+    batch = RaggedBatch(n, cache_len, sum(n) + pad)
+    cache = make_paged_cache(rng, [c + m for c, m in zip(cache_len, n)], page_size=128, max_pages=max_pages,
+                             n_kv_heads=hkv, head_dim=128, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, hkv * group, 128), jnp.bfloat16)
+    ids = _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv)
+    args = (q, batch.offsets, None, cache.kv_blocks, batch.cache_lengths, cache.lut, 1, ids)
+    cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
+    plan = msa_ops.plan("mo.msa.attention.ragged.paged", *args[:2], cro, *args[3:])
+    assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)
+    f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
+    want = oracle.msa_attention_ragged_paged(*args)
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
+    tiled = np.asarray(f(*args), np.float32)
+    assert_close(tiled, want, budget_for(jnp.bfloat16))
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "0")  # the per-token kernel, on the same call
+    per_token = np.asarray(f(*args), np.float32)
+    assert_close(per_token, want, budget_for(jnp.bfloat16))
+    if pattern == "blocks":  # two different kernels ran (their summation orders differ)
+        assert not np.array_equal(tiled, per_token)
+
+
+def test_cuda_msa_prefill_kernel_bad_values():
+    rng = np.random.default_rng(12)
+    batch = RaggedBatch([150, 0, 70], [100, 0, 300], 230)
+    cache = make_paged_cache(rng, [c + m for c, m in zip(batch.cache, batch.n)], page_size=128, max_pages=4,
+                             n_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, 8, 128), jnp.bfloat16)
+    ids = _msa_prefill_ids(rng, "random", batch, 6, 4, 2)
+    lut = cache.lut.copy()
+    lut[0, :2] = [cache.kv_blocks.shape[0] + 3, -5]  # pages outside the pool
+    offs = batch.offsets.copy()
+    offs[2] = offs[1] - 1  # non-monotone
+    f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
+    for layer in (0, 7, -1):
+        args = (q, offs, None, cache.kv_blocks, batch.cache_lengths, lut, layer, ids)
+        got = np.asarray(f(*args), np.float32)
+        assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
+        with jax.default_device(jax.devices("cpu")[0]):
+            cpu = np.asarray(f(*args), np.float32)
+        assert np.abs(got - cpu).max() < 3e-2
+
+
 # ------------------------------------------------------------------------------------------ CUDA indexer
 
 IX_GPU_CONFIGS = [  # (scenario, topk, init, local, dtype, Di)

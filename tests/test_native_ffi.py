@@ -414,7 +414,7 @@ def call_msa(q, offsets, cl, kv, lut, layer, d_idx, scale, np_):
     outs = (sds((T, H, D), BF16), sds((npw, T, H, D), F32), sds((npw, T, H), F32))
     return jax.ffi.ffi_call("msa_ops_msa_attention", outs)(
         q, i32(offsets), i32(cro), kv, i32(cl), i32(lut), i32(layer), i32(d_idx), scale=f64(scale),
-        num_partitions=i64(np_))[0]
+        num_partitions=i64(np_), max_q=i64(int(np.diff(offsets).max(initial=0))))[0]
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP8])

@@ -111,8 +111,9 @@ void run_msa(const MsaProblem& pr, const std::vector<int64_t>& eff, const std::v
 
 Error MsaAttention(AnyBuffer q, AnyBuffer offsets, AnyBuffer cache_row_offsets, AnyBuffer kv, AnyBuffer cache_lengths,
                    AnyBuffer table, AnyBuffer layer, AnyBuffer d_indices, double scale, int64_t num_partitions,
-                   AnyResult out, AnyResult ws_o, AnyResult ws_lse) {
+                   int64_t max_q, AnyResult out, AnyResult ws_o, AnyResult ws_lse) {
   const char* target = "msa_ops_msa_attention";
+  (void)max_q;  // the route bound: one algorithm serves every route on the CPU
   const DataType dt = q.element_type();
   if (dt != DataType::BF16 && dt != DataType::F8E4M3FN)
     return invalid(target, std::string("q: expected bfloat16 or float8_e4m3fn, got ") + dtype_name(dt));

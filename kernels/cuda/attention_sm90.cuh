@@ -16,6 +16,8 @@
 // 9.0, and other GPUs run attention_kernel.
 #pragma once
 
+#include <cstdlib>
+
 #include "attention.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -24,6 +26,18 @@
 
 namespace msa_ops {
 namespace cuda {
+
+// The warpgroup-MMA kernels (this file, msa_prefill_sm90.cuh) run on compute capability 9.0 devices, unless
+// MSA_OPS_CUDA_WGMMA=0 (then, as on every other GPU, the portable mma.sync kernels do). Host code.
+inline bool use_wgmma() {
+  const char* env = std::getenv("MSA_OPS_CUDA_WGMMA");
+  if (env != nullptr && env[0] == '0') return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
 
 template <typename T, int D>
 struct Sm90Config {

@@ -41,18 +41,6 @@ Error check_launch(const char* target) {
   X(__half, 128, 64, 2)               \
   X(__half, 128, 128, 2)
 
-// The 128-row tiles run on warpgroup MMA (attention_sm90.cuh) on compute capability 9.0 devices, unless
-// MSA_OPS_CUDA_WGMMA=0 (then, as on every other GPU, on the mma.sync kernel).
-bool use_wgmma() {
-  const char* env = std::getenv("MSA_OPS_CUDA_WGMMA");
-  if (env != nullptr && env[0] == '0') return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
-
 template <typename T, int D, int BM, int STAGES>
 Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, const char* target) {
   using Cfg = AttentionConfig<T, D, BM, STAGES>;

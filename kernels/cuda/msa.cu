@@ -7,16 +7,19 @@
 // each tile's keys. FP8 (e4m3) K/V and q are widened to f16 in shared memory with paired conversions (exact:
 // every e4m3 value is an f16 value) and run the f16 MMA; softmax and accumulation are f32, output bf16.
 // Split-K partials merge in split_k_combine_kernel (attention.cuh), which also zeroes padding rows.
-// This first version serves every route (decode, speculative, prefill) per token; it reads each selected
-// block once per token, so prefill does not reuse K/V across tokens yet.
+// This kernel serves decode, speculative decode, and the prefill calls the block-reusing kernel does not take:
+// bf16 prefill with one partition on compute capability 9.0 runs msa_prefill_sm90_kernel, which reads each
+// selected block once per 128-row query tile instead of once per token.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "attention.cuh"
+#include "msa_prefill_sm90.cuh"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
 #include "msa_ops/ffi_signatures.h"
@@ -45,6 +48,7 @@ struct MsaArgs {
   int num_blocks, num_layers, max_pages;
   float scale_log2;
   int num_partitions;
+  int max_q;  // the plan's bound on one sequence's query tokens (its route)
   float* ws_o;
   float* ws_lse;
 };
@@ -407,29 +411,66 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   }
 }
 
-template <typename KV>
-Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
-  using S = MsaSmem<KV>;
-  auto kernel = msa_attention_kernel<KV>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
-  const int row_blocks = (m.group + 15) / 16;
-  if (m.T > 0 && m.topk > 0) {
-    dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
-    kernel<<<grid, kThreads, S::kBytesTotal, stream>>>(m);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-      return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
-  }
-  // Rows owned by no sequence (and, with split-K, every row's merge) go through the dense epilogues.
+// The call as a paged ragged attention (what the shared tile locator, epilogues and the prefill kernel read).
+AttentionArgs as_attention(const MsaArgs& m) {
   AttentionArgs a{};
+  a.q = m.q;
   a.out = m.out;
   a.q_mode = kQRagged;
   a.total_rows = m.T;
   a.batch = m.B;
   a.q_offsets = m.offsets;
   a.H = m.H;
+  a.Hkv = m.Hkv;
+  a.group = m.group;
+  a.kv_mode = kKvPaged;
+  a.cache_lengths = m.cache_lengths;
+  a.kv_blocks = m.kv;
+  a.lookup = m.lookup;
+  a.layer_ptr = m.layer_ptr;
+  a.num_blocks = m.num_blocks;
+  a.num_layers = m.num_layers;
+  a.page_size = kBlock;
+  a.max_pages = m.max_pages;
+  a.page_shift = 7;
+  a.scale_log2 = m.scale_log2;
   a.num_partitions = m.num_partitions;
   a.ws_o = m.ws_o;
   a.ws_lse = m.ws_lse;
+  return a;
+}
+
+// The prefill route (more than 8 queries per sequence) of bf16 runs the block-reusing wgmma kernel
+// (msa_prefill_sm90.cuh) on compute capability 9.0 when it takes the call: one partition, max_pages within its
+// bitmap. Everything else runs the per-token kernel.
+template <typename KV>
+bool use_prefill_sm90(const MsaArgs& m) {
+  return std::is_same_v<KV, __nv_bfloat16> && m.max_q > 8 && m.num_partitions <= 1 &&
+         m.max_pages <= MsaPrefillSm90::kMaxPages && use_wgmma();
+}
+
+template <typename KV>
+Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
+  using S = MsaSmem<KV>;
+  const AttentionArgs a = as_attention(m);
+  if (m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m)) {
+    auto kernel = msa_prefill_sm90_kernel;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);
+    const int grid_x = static_cast<int>(m.B + ceil_div(static_cast<int64_t>(m.T) * m.group, MsaPrefillSm90::kBlockM));
+    kernel<<<dim3(grid_x, m.Hkv), MsaPrefillSm90::kThreads, MsaPrefillSm90::kSmemAlloc, stream>>>(a, m.d_indices,
+                                                                                                  m.topk);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+      return Error::Internal(std::string(target) + ": prefill kernel launch failed: " + cudaGetErrorString(e));
+  } else if (m.T > 0 && m.topk > 0) {
+    auto kernel = msa_attention_kernel<KV>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
+    const int row_blocks = (m.group + 15) / 16;
+    dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
+    kernel<<<grid, kThreads, S::kBytesTotal, stream>>>(m);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+      return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
+  }
+  // Rows owned by no sequence (and, with split-K, every row's merge) go through the dense epilogues.
   if (m.T > 0) {
     if (m.num_partitions > 1)
       split_k_combine_kernel<__nv_bfloat16, kD><<<dim3(m.T, m.H), kD, 0, stream>>>(a);
@@ -445,7 +486,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
 
 Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffer cache_row_offsets, AnyBuffer kv,
                    AnyBuffer cache_lengths, AnyBuffer lut, AnyBuffer layer, AnyBuffer d_indices, double scale,
-                   int64_t num_partitions, AnyResult out, AnyResult ws_o, AnyResult ws_lse) {
+                   int64_t num_partitions, int64_t max_q, AnyResult out, AnyResult ws_o, AnyResult ws_lse) {
   const char* target = "msa_ops_msa_attention";
   (void)cache_row_offsets;  // accepted for MAX compatibility; not read (SEMANTICS.md §7)
   const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(kv, 4);
@@ -478,6 +519,7 @@ Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffe
   m.max_pages = static_cast<int>(dim(lut, 1));
   m.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   m.num_partitions = static_cast<int>(iclamp(num_partitions, 1, kMaxPartitions));
+  m.max_q = static_cast<int>(iclamp(max_q, 0, int64_t{1} << 30));
   if (m.num_partitions > 1) {
     if (dim(*ws_o, 0) < m.num_partitions || dim(*ws_lse, 0) < m.num_partitions)
       return invalid(target, "split-K workspace smaller than num_partitions");

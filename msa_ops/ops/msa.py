@@ -117,6 +117,7 @@ def _msa_native(q, offsets, cache_row_offsets, kv, cache_lengths, lookup, layer_
         q, as_i32(offsets), as_i32(cache_row_offsets), kv, as_i32(cache_lengths), as_i32(lookup),
         as_i32(layer_idx), as_i32(d_indices),
         scale=np.float64(resolved_scale(attrs, HEAD_DIM)), num_partitions=np.int64(plan.num_partitions),
+        max_q=np.int64(plan.max_q),
     ))
 
 

@@ -77,6 +77,7 @@
       .Arg<MSA_OPS_BUF>()                                                /* d_indices */                     \
       .Attr<double>("scale")                                                                                  \
       .Attr<int64_t>("num_partitions")                                                                        \
+      .Attr<int64_t>("max_q")                                                                                 \
       .Ret<MSA_OPS_BUF>() /* out */                                                                           \
       .Ret<MSA_OPS_BUF>() /* ws_o */                                                                          \
       .Ret<MSA_OPS_BUF>() /* ws_lse */

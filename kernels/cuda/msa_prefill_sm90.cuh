@@ -1,0 +1,366 @@
+// Hopper (sm_90a) MSA prefill: block-sparse flash attention over the paged cache that reuses each selected
+// block across a query tile (SEMANTICS.md §7, prefill route).
+//
+// A CTA owns 128 packed (token, head) rows of one sequence and one kv head, as attention_sm90_kernel does: with
+// group g it holds 128 / g tokens (up to 128) and all g query heads of each, which share the kv head's selection.
+// The CTA first plans on the device:
+//   * every (token, slot) id of d_indices is checked (0 <= id < max_pages, the block has a key <= the token's
+//     position and < the sequence's keys, its page is inside the pool, the layer is valid);
+//   * the valid ids are OR-ed into a bitmap over the sequence's blocks; its set bits, in ascending order, are the
+//     union of the tile's selected blocks, each one 128-key tile (one page);
+//   * for each union block, a 128-bit mask of the tile's tokens that selected it.
+// It then streams the union's blocks through the wgmma pipeline of attention_sm90_kernel (S = Q K^T from
+// shared memory, O += P V with P in registers, the softmax of block j overlapping P V of block j-1). A key is
+// visible to a row when the row's token selected its block, key <= the token's position and key < the keys of
+// the sequence. Duplicate ids merge in the bitmap. The union is processed in chunks of kChunk blocks (the
+// pipeline drains between chunks), so any topk and selection pattern is served in bounded shared memory.
+// K and V have separate two-stage rings: K of block j+1 and V of block j are loaded during iteration j, each one
+// iteration ahead of its use, in 128 KB (a joint K+V ring needs three stages, 192 KB, for the same overlap).
+//
+// No split-K (the grid is the query tiles x kv heads). bf16 only; fp8 prefill runs on the per-token kernel.
+#pragma once
+
+#include "attention_sm90.cuh"
+
+namespace msa_ops {
+namespace cuda {
+
+struct MsaPrefillSm90 {
+  static constexpr int kThreads = 256;
+  static constexpr int kD = 128;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;    // one selected block = one page = one key tile
+  static constexpr int kChunk = 512;     // union blocks planned per pass
+  static constexpr int kMaxPages = 16384;  // bitmap bound: max_pages above it runs on the per-token kernel
+  static constexpr int kMaxWords = kMaxPages / 32;
+  static constexpr int kTileBytes = kBlockN * kD * 2;  // K or V of one block; also Q
+  static constexpr int kMaskWords = kBlockM / 32;      // one bit per token of the tile (<= 128 tokens)
+  static constexpr int kOffK = kTileBytes;
+  static constexpr int kOffV = kOffK + 2 * kTileBytes;
+  static constexpr int kOffIds = kOffV + 2 * kTileBytes;
+  static constexpr int kOffPages = kOffIds + kChunk * 4;
+  static constexpr int kOffMask = kOffPages + kChunk * 4;
+  static constexpr int kOffBits = kOffMask + kChunk * kMaskWords * 4;
+  static constexpr int kOffBase = kOffBits + kMaxWords * 4;
+  static constexpr int kOffMisc = kOffBase + kMaxWords * 4;
+  static constexpr int kSmemBytes = kOffMisc + 8 * 4;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;  // the base is rounded up to 1024 bytes
+};
+
+// a: the MSA call as a paged ragged attention (page_size 128, num_partitions 1, no sink), d_idx: [Hkv, T, topk].
+__global__ void __launch_bounds__(256, 1)
+    msa_prefill_sm90_kernel(const AttentionArgs a, const int32_t* __restrict__ d_idx, int topk) {
+#if defined(MSA_OPS_SM90_WGMMA)
+  using T = __nv_bfloat16;
+  using C = MsaPrefillSm90;
+  using M = Mma<T>;
+  using W = WgmmaOps<T>;
+  constexpr int D = C::kD, BM = C::kBlockM, BN = C::kBlockN;
+  constexpr int NS = BN / 8, ND = D / 8, KD = D / 16;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* sbase = smem_raw + pad;
+  const uint32_t sQ = raw_addr + pad;
+  int* sIds = reinterpret_cast<int*>(sbase + C::kOffIds);
+  int* sPages = reinterpret_cast<int*>(sbase + C::kOffPages);
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + C::kOffMask);
+  uint32_t* sBits = reinterpret_cast<uint32_t*>(sbase + C::kOffBits);
+  int* sBase = reinterpret_cast<int*>(sbase + C::kOffBase);
+  int* sMisc = reinterpret_cast<int*>(sbase + C::kOffMisc);
+
+  const SeqTile st = locate_tile<BM>(a, static_cast<int>(gridDim.x - 1 - blockIdx.x));  // heaviest first
+  if (st.b < 0) return;
+  const int hkv = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wg = tid / 128;
+  const int warp_row0 = wg * 64 + (warp % 4) * 16;
+  const int group = a.group;
+  const int rows_seq = st.n_q * group;
+  const int row_end = min(st.row0 + BM, rows_seq);
+  const int tok0 = st.row0 / group;                 // first token of the tile (within the sequence)
+  const int ntok = (row_end - 1) / group - tok0 + 1;  // <= 128
+  const int kmax = static_cast<int>(st.kmax);
+  const T* q = static_cast<const T*>(a.q);
+
+  // ---- Q (zero rows past the sequence), swizzled [D/64][BM][64]
+  for (int c = tid; c < BM * (D / 8); c += C::kThreads) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    const int pr = st.row0 + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (pr < rows_seq) {
+      const int64_t qrow = st.q_base + pr / group;
+      const int h = hkv * group + pr % group;
+      val = *reinterpret_cast<const uint4*>(q + (qrow * a.H + h) * D + ch * 8);
+    }
+    *reinterpret_cast<uint4*>(sbase + sw128_offset<BM>(r, ch)) = val;
+  }
+
+  // ---- plan: the union of the tile's valid selected blocks (bitmap, then ranks by popcount prefix)
+  const int32_t* lut_row = a.lookup + static_cast<int64_t>(st.b) * a.max_pages;
+  const int layer = *a.layer_ptr;
+  const bool layer_ok = layer >= 0 && layer < a.num_layers;
+  const int nwords = (a.max_pages + 31) / 32;
+  const int n_ent = ntok * topk;
+  const int32_t* ids_tile = d_idx + (static_cast<int64_t>(hkv) * a.total_rows + st.q_base + tok0) * topk;
+  // Entry e = (token e / topk of the tile, slot e % topk): its block id if it counts, else -1.
+  auto entry = [&](int e) -> int {
+    if (!layer_ok) return -1;
+    const int id = __ldg(ids_tile + e);
+    const int64_t p = st.pos0 + tok0 + e / topk;
+    if (id < 0 || id >= a.max_pages) return -1;
+    const int64_t key0 = static_cast<int64_t>(id) * BN;
+    if (key0 >= kmax || key0 > p) return -1;
+    const int pg = __ldg(lut_row + id);
+    return (pg >= 0 && pg < a.num_blocks) ? id : -1;
+  };
+  for (int w = tid; w < nwords; w += C::kThreads) sBits[w] = 0u;
+  __syncthreads();
+  for (int e = tid; e < n_ent; e += C::kThreads) {
+    const int id = entry(e);
+    if (id >= 0) atomicOr(&sBits[id >> 5], 1u << (id & 31));
+  }
+  __syncthreads();
+  int n_union;  // blocks in the union
+  {  // exclusive prefix of the words' popcounts (each thread two consecutive words; nwords <= 2 * 256)
+    const int w0 = 2 * tid;
+    const int c0 = w0 < nwords ? __popc(sBits[w0]) : 0;
+    const int c1 = w0 + 1 < nwords ? __popc(sBits[w0 + 1]) : 0;
+    int incl = c0 + c1;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int u = __shfl_up_sync(0xffffffff, incl, d);
+      if (lane >= d) incl += u;
+    }
+    if (lane == 31) sMisc[warp] = incl;
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < C::kThreads / 32; ++w) {
+      const int v = sMisc[w];
+      before += w < warp ? v : 0;
+      total += v;
+    }
+    const int excl = before + incl - c0 - c1;
+    if (w0 < nwords) sBase[w0] = excl;
+    if (w0 + 1 < nwords) sBase[w0 + 1] = excl + c0;
+    n_union = total;
+  }
+
+  // ---- per-thread rows: warp_row0 + lane/4 and + 8; their token (relative to tok0) and key bound
+  int tok_rel[2], row_hi[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
+    if (pr < rows_seq) {
+      tok_rel[i] = pr / group - tok0;
+      row_hi[i] = static_cast<int>(imin(st.pos0 + pr / group + 1, static_cast<int64_t>(kmax)));
+    } else {
+      tok_rel[i] = 0;
+      row_hi[i] = 0;  // sees nothing
+    }
+  }
+
+  // ---- K/V block loader: 16-byte chunks, NPASS key rows per thread, one page per block
+  constexpr int CPR = D / 8, RSTEP = C::kThreads / CPR, NPASS = BN / RSTEP;
+  const int my_row = tid / CPR, my_ch = tid % CPR;
+  const T* kvb = static_cast<const T*>(a.kv_blocks);
+  const int64_t row_stride = static_cast<int64_t>(a.Hkv) * D;
+  const int64_t kv_half = static_cast<int64_t>(a.num_layers) * BN * row_stride;
+  const int64_t head_off = static_cast<int64_t>(layer_ok ? layer : 0) * BN * row_stride + hkv * D + my_ch * 8;
+  const uint32_t sK0 = sQ + C::kOffK, sV0 = sQ + C::kOffV;
+  auto load_half = [&](int j, uint32_t dst, int64_t half_off) {  // K (half_off 0) or V of union block j
+    const T* src = kvb + static_cast<int64_t>(sPages[j]) * 2 * kv_half + half_off + head_off;
+#pragma unroll
+    for (int i = 0; i < NPASS; ++i) {
+      const int r = my_row + i * RSTEP;
+      cp_async16(dst + sw128_offset<BN>(r, my_ch), src + r * row_stride, true);
+    }
+  };
+
+  float o[ND * 4];
+#pragma unroll
+  for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float s[NS * 4];
+  uint32_t pf[BN / 16][4];
+  float corr[2];
+  const float sl2 = a.scale_log2;
+  const uint32_t q_wg = sQ + wg * 64 * 128;
+
+  auto tile_ready = [&]() {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+  };
+  auto issue_qk = [&](int j) {
+    const uint32_t sK = sK0 + (j & 1) * C::kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      const uint32_t koff = (kk % 4) * 32;
+      const uint64_t da = wgmma_desc(q_wg + (kk / 4) * BM * 128 + koff, 16, 1024);
+      const uint64_t db = wgmma_desc(sK + (kk / 4) * BN * 128 + koff, 16, 1024);
+      W::qk(s, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int j) {
+    const uint32_t sV = sV0 + (j & 1) * C::kTileBytes;
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      const uint64_t db = wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
+      W::template pv<D>(o, pf[ks], db);
+    }
+    wgmma_commit();
+  };
+  auto softmax = [&](int j) {
+    const int key0 = sIds[j] * BN;
+    bool sel[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) sel[i] = (sMask[j * C::kMaskWords + tok_rel[i] / 32] >> (tok_rel[i] % 32)) & 1u;
+    const bool full = sl2 > 0.f && sel[0] && sel[1] && key0 + BN <= row_hi[0] && key0 + BN <= row_hi[1];
+    float m_new[2] = {m_run[0], m_run[1]};
+    if (full) {
+      float raw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int jj = 0; jj < NS; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[jj * 4 + e]);
+      m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
+      m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+    } else {
+      const int lim[2] = {sel[0] ? row_hi[0] - key0 : 0, sel[1] ? row_hi[1] - key0 : 0};
+#pragma unroll
+      for (int jj = 0; jj < NS; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2;
+          const int kl = jj * 8 + (lane % 4) * 2 + (e % 2);
+          s[jj * 4 + e] = kl < lim[i] ? s[jj * 4 + e] * sl2 : -INFINITY;
+          m_new[i] = fmaxf(m_new[i], s[jj * 4 + e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+      corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[i] - m_new[i]);
+      m_run[i] = m_new[i];
+      l_run[i] *= corr[i];
+    }
+    const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
+    const float mul = full ? sl2 : 1.f;
+#pragma unroll
+    for (int jj = 0; jj < NS; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        s[jj * 4 + e] = fast_exp2(fmaf(s[jj * 4 + e], mul, neg_m[i]));
+        l_run[i] += s[jj * 4 + e];
+      }
+    }
+  };
+  auto rescale_and_pack = [&]() {
+    if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+      for (int jj = 0; jj < ND; ++jj) {
+        o[jj * 4 + 0] *= corr[0];
+        o[jj * 4 + 1] *= corr[0];
+        o[jj * 4 + 2] *= corr[1];
+        o[jj * 4 + 3] *= corr[1];
+      }
+    }
+#pragma unroll
+    for (int jj = 0; jj < NS; ++jj) {
+      pf[jj / 2][(jj % 2) * 2 + 0] = M::pack(s[jj * 4 + 0], s[jj * 4 + 1]);
+      pf[jj / 2][(jj % 2) * 2 + 1] = M::pack(s[jj * 4 + 2], s[jj * 4 + 3]);
+    }
+  };
+
+  for (int c0 = 0; c0 < n_union; c0 += C::kChunk) {
+    const int n = min(C::kChunk, n_union - c0);
+    // ---- this chunk's blocks (ranks [c0, c0 + n)) and their token masks
+    for (int i = tid; i < C::kChunk * C::kMaskWords; i += C::kThreads) sMask[i] = 0u;
+    for (int w = tid; w < nwords; w += C::kThreads) {
+      uint32_t bits = sBits[w];
+      int r = sBase[w];
+      if (bits == 0u || r >= c0 + n || r + __popc(bits) <= c0) continue;
+      while (bits) {
+        const int bit = __ffs(bits) - 1;
+        bits &= bits - 1;
+        if (r >= c0 && r < c0 + n) {
+          const int id = w * 32 + bit;
+          sIds[r - c0] = id;
+          sPages[r - c0] = __ldg(lut_row + id);
+        }
+        ++r;
+      }
+    }
+    __syncthreads();
+    for (int e = tid; e < n_ent; e += C::kThreads) {
+      const int id = entry(e);
+      if (id < 0) continue;
+      const int w = id >> 5;
+      const int r = sBase[w] + __popc(sBits[w] & ((1u << (id & 31)) - 1u)) - c0;
+      const int t = e / topk;
+      if (r >= 0 && r < n) atomicOr(&sMask[r * C::kMaskWords + t / 32], 1u << (t % 32));
+    }
+    __syncthreads();
+
+    // ---- the pipeline over the chunk's n blocks: K_{j+1} and V_j load during iteration j
+    load_half(0, sK0, 0);
+    cp_async_commit();
+    tile_ready();
+    if (n > 1) load_half(1, sK0 + C::kTileBytes, 0);
+    load_half(0, sV0, kv_half);
+    cp_async_commit();
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_regs<NS * 4>(s);
+    softmax(0);
+    rescale_and_pack();
+    for (int j = 1; j < n; ++j) {
+      tile_ready();
+      if (j + 1 < n) load_half(j + 1, sK0 + ((j + 1) & 1) * C::kTileBytes, 0);
+      load_half(j, sV0 + (j & 1) * C::kTileBytes, kv_half);
+      cp_async_commit();
+      fence_regs<ND * 4>(o);
+      wgmma_fence();
+      issue_qk(j);
+      issue_pv(j - 1);
+      wgmma_wait<1>();
+      fence_regs<NS * 4>(s);
+      softmax(j);
+      wgmma_wait<0>();
+      fence_regs<ND * 4>(o);
+      rescale_and_pack();
+    }
+    tile_ready();
+    fence_regs<ND * 4>(o);
+    wgmma_fence();
+    issue_pv(n - 1);
+    wgmma_wait<0>();
+    fence_regs<ND * 4>(o);
+    __syncthreads();  // every warpgroup is done with the chunk's blocks and masks
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
+    if (pr >= rows_seq) continue;
+    store_row<T, D>(a, st.q_base + pr / group, hkv * group + pr % group, 0, l_run[i], m_run[i], &o[i * 2], lane);
+  }
+#else
+  __trap();  // launched only on sm_90 (see msa.cu)
+#endif
+}
+
+}  // namespace cuda
+}  // namespace msa_ops
