@@ -43,7 +43,10 @@ struct MsaPrefillSm90 {
   static constexpr int kOffBits = kOffMask + kChunk * kMaskWords * 4;
   static constexpr int kOffBase = kOffBits + kMaxWords * 4;
   static constexpr int kOffMisc = kOffBase + kMaxWords * 4;
-  static constexpr int kSmemBytes = kOffMisc + 8 * 4;
+  static constexpr int kEntCache = 4096;  // (token, slot) entries whose checked id and page stay in shared memory
+  static constexpr int kOffEntPage = kOffMisc + 8 * 4;
+  static constexpr int kOffEntId = kOffEntPage + kEntCache * 4;
+  static constexpr int kSmemBytes = kOffEntId + kEntCache * 2;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // the base is rounded up to 1024 bytes
 };
 
@@ -68,6 +71,8 @@ __global__ void __launch_bounds__(256, 1)
   uint32_t* sBits = reinterpret_cast<uint32_t*>(sbase + C::kOffBits);
   int* sBase = reinterpret_cast<int*>(sbase + C::kOffBase);
   int* sMisc = reinterpret_cast<int*>(sbase + C::kOffMisc);
+  int* sEntPage = reinterpret_cast<int*>(sbase + C::kOffEntPage);
+  int16_t* sEntId = reinterpret_cast<int16_t*>(sbase + C::kOffEntId);
 
   const SeqTile st = locate_tile<BM>(a, static_cast<int>(gridDim.x - 1 - blockIdx.x));  // heaviest first
   if (st.b < 0) return;
@@ -83,18 +88,16 @@ __global__ void __launch_bounds__(256, 1)
   const int kmax = static_cast<int>(st.kmax);
   const T* q = static_cast<const T*>(a.q);
 
-  // ---- Q (zero rows past the sequence), swizzled [D/64][BM][64]
+  // ---- Q (zero rows past the sequence), swizzled [D/64][BM][64]; asynchronous, it lands under the planning
   for (int c = tid; c < BM * (D / 8); c += C::kThreads) {
     const int r = c / (D / 8), ch = c % (D / 8);
     const int pr = st.row0 + r;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (pr < rows_seq) {
-      const int64_t qrow = st.q_base + pr / group;
-      const int h = hkv * group + pr % group;
-      val = *reinterpret_cast<const uint4*>(q + (qrow * a.H + h) * D + ch * 8);
-    }
-    *reinterpret_cast<uint4*>(sbase + sw128_offset<BM>(r, ch)) = val;
+    const bool ok = pr < rows_seq;
+    const int64_t qrow = st.q_base + (ok ? pr / group : 0);
+    const int h = hkv * group + (ok ? pr % group : 0);
+    cp_async16(sQ + sw128_offset<BM>(r, ch), q + (qrow * a.H + h) * D + ch * 8, ok);
   }
+  cp_async_commit();
 
   // ---- plan: the union of the tile's valid selected blocks (bitmap, then ranks by popcount prefix)
   const int32_t* lut_row = a.lookup + static_cast<int64_t>(st.b) * a.max_pages;
@@ -116,8 +119,13 @@ __global__ void __launch_bounds__(256, 1)
   };
   for (int w = tid; w < nwords; w += C::kThreads) sBits[w] = 0u;
   __syncthreads();
+  const bool cached = n_ent <= C::kEntCache;
   for (int e = tid; e < n_ent; e += C::kThreads) {
     const int id = entry(e);
+    if (cached) {
+      sEntId[e] = static_cast<int16_t>(id);  // max_pages <= kMaxPages < 2^15
+      if (id >= 0) sEntPage[e] = __ldg(lut_row + id);
+    }
     if (id >= 0) atomicOr(&sBits[id >> 5], 1u << (id & 31));
   }
   __syncthreads();
@@ -281,40 +289,29 @@ __global__ void __launch_bounds__(256, 1)
   for (int c0 = 0; c0 < n_union; c0 += C::kChunk) {
     const int n = min(C::kChunk, n_union - c0);
     // ---- this chunk's blocks (ranks [c0, c0 + n)) and their token masks
+    // Every entry of a block writes the same id and page into its rank's slot.
     for (int i = tid; i < C::kChunk * C::kMaskWords; i += C::kThreads) sMask[i] = 0u;
-    for (int w = tid; w < nwords; w += C::kThreads) {
-      uint32_t bits = sBits[w];
-      int r = sBase[w];
-      if (bits == 0u || r >= c0 + n || r + __popc(bits) <= c0) continue;
-      while (bits) {
-        const int bit = __ffs(bits) - 1;
-        bits &= bits - 1;
-        if (r >= c0 && r < c0 + n) {
-          const int id = w * 32 + bit;
-          sIds[r - c0] = id;
-          sPages[r - c0] = __ldg(lut_row + id);
-        }
-        ++r;
-      }
-    }
     __syncthreads();
     for (int e = tid; e < n_ent; e += C::kThreads) {
-      const int id = entry(e);
+      const int id = cached ? sEntId[e] : entry(e);
       if (id < 0) continue;
       const int w = id >> 5;
       const int r = sBase[w] + __popc(sBits[w] & ((1u << (id & 31)) - 1u)) - c0;
+      if (r < 0 || r >= n) continue;
       const int t = e / topk;
-      if (r >= 0 && r < n) atomicOr(&sMask[r * C::kMaskWords + t / 32], 1u << (t % 32));
+      sIds[r] = id;
+      sPages[r] = cached ? sEntPage[e] : __ldg(lut_row + id);
+      atomicOr(&sMask[r * C::kMaskWords + t / 32], 1u << (t % 32));
     }
     __syncthreads();
 
-    // ---- the pipeline over the chunk's n blocks: K_{j+1} and V_j load during iteration j
+    // ---- the pipeline over the chunk's n blocks: K_{j+1} and V_j load during iteration j >= 1; K_0, K_1 and V_0
+    // load together before iteration 0, so iteration 1 does not wait on loads issued just before it.
     load_half(0, sK0, 0);
-    cp_async_commit();
-    tile_ready();
     if (n > 1) load_half(1, sK0 + C::kTileBytes, 0);
     load_half(0, sV0, kv_half);
     cp_async_commit();
+    tile_ready();
     wgmma_fence();
     issue_qk(0);
     wgmma_wait<0>();
