@@ -160,18 +160,105 @@ struct WgmmaOps<__half> {
     else wgmma_rs_n64_f16(o, a, db);
   }
 };
+
+// The pieces of one key-tile step that the dense (below) and the MSA prefill (msa_prefill_sm90.cuh) kernels share.
+// Thread layout: each thread holds rows lane/4 and lane/4 + 8 of its warp's 16 (the wgmma accumulator layout,
+// per warp the mma.sync m16n8 layout repeated over 8-column blocks); S has NS 8-key column blocks.
+
+// S (64 x BN per warpgroup) = Q K^T. q_wg: the warpgroup's 64 rows of the swizzled [D/64][BM][64] Q tile; sK: the
+// swizzled [D/64][BN][64] K tile. Commits one wgmma group.
+template <typename T, int BM, int BN, int D>
+__device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t koff = (kk % 4) * 32;  // 16 elements into the 128-byte row
+    const uint64_t da = wgmma_desc(q_wg + (kk / 4) * BM * 128 + koff, 16, 1024);
+    const uint64_t db = wgmma_desc(sK + (kk / 4) * BN * 128 + koff, 16, 1024);
+    WgmmaOps<T>::qk(s, da, db, kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// O (64 x D per warpgroup) += P V. pf: P rounded to T in registers; sV: the V tile (K's layout, read MN-major).
+// Commits one wgmma group.
+template <typename T, int BN, int D>
+__device__ __forceinline__ void wg_pv(float* o, const uint32_t (*pf)[4], uint32_t sV) {
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ++ks) {
+    const uint64_t db = wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
+    WgmmaOps<T>::template pv<D>(o, pf[ks], db);
+  }
+  wgmma_commit();
+}
+
+// m_new = max(m_new, sl2 * the row's largest raw score), for a tile every key of which both rows see (sl2 > 0).
+template <int NS>
+__device__ __forceinline__ void wg_raw_max(const float* s, float* m_new, float sl2) {
+  float raw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < NS; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[j * 4 + e]);
+  m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
+  m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+}
+
+// The online-softmax step of one key tile for the thread's two rows, in log2 units (attention_kernel's), once the
+// kernel has masked s and taken each row's max into m_new: the quad-wide max, the factors O must be rescaled by
+// (corr), the exponentials (left in s) and the running max and sum. full: s holds raw scores, scaled here by sl2;
+// otherwise s holds scaled, masked scores.
+template <int NS>
+__device__ __forceinline__ void wg_softmax_finish(float* s, float* m_new, float* m_run, float* l_run, float* corr,
+                                                  bool full, float sl2) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+    m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+    corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[i] - m_new[i]);
+    m_run[i] = m_new[i];
+    l_run[i] *= corr[i];
+  }
+  const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
+  const float mul = full ? sl2 : 1.f;  // masked tiles hold scaled scores already
+#pragma unroll
+  for (int j = 0; j < NS; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e / 2;
+      s[j * 4 + e] = fast_exp2(fmaf(s[j * 4 + e], mul, neg_m[i]));
+      l_run[i] += s[j * 4 + e];
+    }
+  }
+}
+
+// Rescales O by corr (only when some row of the warp raised its running max: a warp-uniform branch) and rounds
+// the exponentials in s to P, the A operand of wg_pv.
+template <typename T, int NS, int ND>
+__device__ __forceinline__ void wg_rescale_and_pack(float* o, const float* s, uint32_t (*pf)[4], const float* corr) {
+  if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < ND; ++j) {
+      o[j * 4 + 0] *= corr[0];
+      o[j * 4 + 1] *= corr[0];
+      o[j * 4 + 2] *= corr[1];
+      o[j * 4 + 3] *= corr[1];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NS; ++j) {
+    pf[j / 2][(j % 2) * 2 + 0] = Mma<T>::pack(s[j * 4 + 0], s[j * 4 + 1]);
+    pf[j / 2][(j % 2) * 2 + 1] = Mma<T>::pack(s[j * 4 + 2], s[j * 4 + 3]);
+  }
+}
 #endif
 
 template <typename T, int D>
 __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionArgs a) {
 #if defined(MSA_OPS_SM90_WGMMA)
   using Cfg = Sm90Config<T, D>;
-  using M = Mma<T>;
-  using W = WgmmaOps<T>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, STAGES = Cfg::kStages;
   constexpr int NS = BN / 8;  // 8-key column blocks of S per thread row pair
   constexpr int ND = D / 8;   // 8-wide output column blocks
-  constexpr int KD = D / 16;  // 16-deep k steps over D
   extern __shared__ unsigned char smem_raw[];
   // Swizzle atoms are 1024-byte aligned: round the dynamic shared memory base up.
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -333,26 +420,8 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     }
     cp_async_commit();
   };
-  auto issue_qk = [&](int it) {  // S = Q K^T (64 x 128 per warpgroup)
-    const uint32_t sK = stage_k(it);
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      const uint32_t koff = (kk % 4) * 32;  // 16 elements into the 128-byte row
-      const uint64_t da = wgmma_desc(q_wg + (kk / 4) * BM * 128 + koff, 16, 1024);
-      const uint64_t db = wgmma_desc(sK + (kk / 4) * BN * 128 + koff, 16, 1024);
-      W::qk(s, da, db, kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int it) {  // O += P V
-    const uint32_t sV = stage_k(it) + Cfg::kKvTileBytes;
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
-      const uint64_t db = wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
-      W::template pv<D>(o, pf[ks], db);
-    }
-    wgmma_commit();
-  };
+  auto issue_qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, stage_k(it)); };
+  auto issue_pv = [&](int it) { wg_pv<T, BN, D>(o, pf, stage_k(it) + Cfg::kKvTileBytes); };
   // Online softmax of tile `it` in log2 units (attention_kernel's); the exponentials stay in s.
   auto softmax = [&](int it) {
     const int* valid = sValid + (it % STAGES) * Cfg::kValidInts;
@@ -363,13 +432,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
     float m_new[2] = {m_run[0], m_run[1]};
     if (full) {
-      float raw[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < NS; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[j * 4 + e]);
-      m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
-      m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+      wg_raw_max<NS>(s, m_new, sl2);
     } else {
 #pragma unroll
       for (int j = 0; j < NS; ++j) {
@@ -384,43 +447,9 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
-      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-      corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[i] - m_new[i]);
-      m_run[i] = m_new[i];
-      l_run[i] *= corr[i];
-    }
-    const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
-    const float mul = full ? sl2 : 1.f;  // masked tiles hold scaled scores already
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        s[j * 4 + e] = fast_exp2(fmaf(s[j * 4 + e], mul, neg_m[i]));
-        l_run[i] += s[j * 4 + e];
-      }
-    }
+    wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
   };
-  auto rescale_and_pack = [&]() {
-    // Rescale O only when some row of the warp raised its running max (warp-uniform branch).
-    if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        o[j * 4 + 0] *= corr[0];
-        o[j * 4 + 1] *= corr[0];
-        o[j * 4 + 2] *= corr[1];
-        o[j * 4 + 3] *= corr[1];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-      pf[j / 2][(j % 2) * 2 + 0] = M::pack(s[j * 4 + 0], s[j * 4 + 1]);
-      pf[j / 2][(j % 2) * 2 + 1] = M::pack(s[j * 4 + 2], s[j * 4 + 3]);
-    }
-  };
+  auto rescale_and_pack = [&]() { wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr); };
 
   if (num_tiles > 0) {
     tile_ready();

@@ -56,10 +56,8 @@ __global__ void __launch_bounds__(256, 1)
 #if defined(MSA_OPS_SM90_WGMMA)
   using T = __nv_bfloat16;
   using C = MsaPrefillSm90;
-  using M = Mma<T>;
-  using W = WgmmaOps<T>;
   constexpr int D = C::kD, BM = C::kBlockM, BN = C::kBlockN;
-  constexpr int NS = BN / 8, ND = D / 8, KD = D / 16;
+  constexpr int NS = BN / 8, ND = D / 8;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
@@ -201,26 +199,10 @@ __global__ void __launch_bounds__(256, 1)
     fence_proxy_async();
     __syncthreads();
   };
-  auto issue_qk = [&](int j) {
-    const uint32_t sK = sK0 + (j & 1) * C::kTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      const uint32_t koff = (kk % 4) * 32;
-      const uint64_t da = wgmma_desc(q_wg + (kk / 4) * BM * 128 + koff, 16, 1024);
-      const uint64_t db = wgmma_desc(sK + (kk / 4) * BN * 128 + koff, 16, 1024);
-      W::qk(s, da, db, kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int j) {
-    const uint32_t sV = sV0 + (j & 1) * C::kTileBytes;
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
-      const uint64_t db = wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
-      W::template pv<D>(o, pf[ks], db);
-    }
-    wgmma_commit();
-  };
+  auto issue_qk = [&](int j) { wg_qk<T, BM, BN, D>(s, q_wg, sK0 + (j & 1) * C::kTileBytes); };
+  auto issue_pv = [&](int j) { wg_pv<T, BN, D>(o, pf, sV0 + (j & 1) * C::kTileBytes); };
+  // The online softmax of union block j: a row sees the block's keys if its token selected the block, up to
+  // its bound (key <= position, key < the sequence's keys).
   auto softmax = [&](int j) {
     const int key0 = sIds[j] * BN;
     bool sel[2];
@@ -229,13 +211,7 @@ __global__ void __launch_bounds__(256, 1)
     const bool full = sl2 > 0.f && sel[0] && sel[1] && key0 + BN <= row_hi[0] && key0 + BN <= row_hi[1];
     float m_new[2] = {m_run[0], m_run[1]};
     if (full) {
-      float raw[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int jj = 0; jj < NS; ++jj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[jj * 4 + e]);
-      m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
-      m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+      wg_raw_max<NS>(s, m_new, sl2);
     } else {
       const int lim[2] = {sel[0] ? row_hi[0] - key0 : 0, sel[1] ? row_hi[1] - key0 : 0};
 #pragma unroll
@@ -249,42 +225,9 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
-      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-      corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[i] - m_new[i]);
-      m_run[i] = m_new[i];
-      l_run[i] *= corr[i];
-    }
-    const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
-    const float mul = full ? sl2 : 1.f;
-#pragma unroll
-    for (int jj = 0; jj < NS; ++jj) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        s[jj * 4 + e] = fast_exp2(fmaf(s[jj * 4 + e], mul, neg_m[i]));
-        l_run[i] += s[jj * 4 + e];
-      }
-    }
+    wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
   };
-  auto rescale_and_pack = [&]() {
-    if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int jj = 0; jj < ND; ++jj) {
-        o[jj * 4 + 0] *= corr[0];
-        o[jj * 4 + 1] *= corr[0];
-        o[jj * 4 + 2] *= corr[1];
-        o[jj * 4 + 3] *= corr[1];
-      }
-    }
-#pragma unroll
-    for (int jj = 0; jj < NS; ++jj) {
-      pf[jj / 2][(jj % 2) * 2 + 0] = M::pack(s[jj * 4 + 0], s[jj * 4 + 1]);
-      pf[jj / 2][(jj % 2) * 2 + 1] = M::pack(s[jj * 4 + 2], s[jj * 4 + 3]);
-    }
-  };
+  auto rescale_and_pack = [&]() { wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr); };
 
   for (int c0 = 0; c0 < n_union; c0 += C::kChunk) {
     const int n = min(C::kChunk, n_union - c0);
