@@ -5,8 +5,8 @@
 // indexer_score_kernel  grid (rows, block groups of 32). Each warp scores one block at a time: the 16-byte
 //   chunks of a key row are spread over L lanes, two chunks per lane for rows of 64 bytes and more (a warp
 //   covers 32/L keys per step), every lane keeps its chunks of q (pre-scaled, 4 index heads per pass) in
-//   registers, the chunk dot products are summed over the L lanes by shuffles, and a running max per head skips keys past the row's position or
-//   past the sequence. The key bytes are read once per row and 4 heads. Blocks that are not eligible (page
+//   registers, the four heads' chunk dot products are reduce-scattered over the L lanes by shuffles (each lane
+//   ends with one head's sum), and a running max skips keys past the row's position or past the sequence. The key bytes are read once per row and 4 heads. Blocks that are not eligible (page
 //   outside the pool, bad layer, no visible key, padding row) get a NaN score: real scores are never NaN (a NaN
 //   dot product never raises the max, as in the CPU handler).
 // indexer_topk_kernel   grid (rows, index heads). The row's scores go to shared memory; eligible ids are ranked
@@ -177,6 +177,11 @@ __global__ void __launch_bounds__(kScoreThreads, 2) indexer_score_kernel(const I
       float mx[kHeadsPerPass];
 #pragma unroll
       for (int hh = 0; hh < kHeadsPerPass; ++hh) mx[hh] = -INFINITY;
+      // With 4 to 16 lanes per key row, the four heads' partial dot products are reduce-scattered: after two
+      // exchanges each lane holds one head's sum over half, then a quarter, of the row's lanes (head
+      // 2*[ch & L/2] + [ch & L/4]), and a butterfly over the remaining L/4 lanes finishes it: L/4 + 2 shuffles
+      // per key instead of 4*log2(L). Each lane then keeps the running max of its one head (mx[0]).
+      const bool hi_a = (ch & (L / 2)) != 0, hi_b = L >= 4 && (ch & (L / 4)) != 0;
       for (int k0 = 0; k0 < nk; k0 += KPW * UNROLL) {
         uint4 raw[UNROLL][M];
 #pragma unroll
@@ -202,24 +207,44 @@ __global__ void __launch_bounds__(kScoreThreads, 2) indexer_score_kernel(const I
 #pragma unroll
               for (int e = 0; e < E; ++e) dot[hh] = fmaf(qf[hh][m][e], kf[e], dot[hh]);
           }
-#pragma unroll
-          for (int off = L / 2; off > 0; off >>= 1)
-#pragma unroll
-            for (int hh = 0; hh < kHeadsPerPass; ++hh) dot[hh] += __shfl_xor_sync(0xffffffff, dot[hh], off);
           const bool vis = k0 + u * KPW + sub < nk;
+          if constexpr (L >= 4 && L <= 16 && kHeadsPerPass == 4) {
+            const float keep0 = hi_a ? dot[2] : dot[0], keep1 = hi_a ? dot[3] : dot[1];
+            const float send0 = hi_a ? dot[0] : dot[2], send1 = hi_a ? dot[1] : dot[3];
+            const float r0 = keep0 + __shfl_xor_sync(0xffffffff, send0, L / 2);
+            const float r1 = keep1 + __shfl_xor_sync(0xffffffff, send1, L / 2);
+            float v = (hi_b ? r1 : r0) + __shfl_xor_sync(0xffffffff, hi_b ? r0 : r1, L / 4);
 #pragma unroll
-          for (int hh = 0; hh < kHeadsPerPass; ++hh)
-            if (vis) mx[hh] = fmaxf(mx[hh], dot[hh]);  // fmaxf: a NaN dot never wins
+            for (int off = L / 8; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+            if (vis) mx[0] = fmaxf(mx[0], v);  // fmaxf: a NaN dot never wins
+          } else {
+#pragma unroll
+            for (int off = L / 2; off > 0; off >>= 1)
+#pragma unroll
+              for (int hh = 0; hh < kHeadsPerPass; ++hh) dot[hh] += __shfl_xor_sync(0xffffffff, dot[hh], off);
+#pragma unroll
+            for (int hh = 0; hh < kHeadsPerPass; ++hh)
+              if (vis) mx[hh] = fmaxf(mx[hh], dot[hh]);  // fmaxf: a NaN dot never wins
+          }
         }
       }
+      if constexpr (L >= 4 && L <= 16 && kHeadsPerPass == 4) {
 #pragma unroll
-      for (int off = 16; off >= L; off >>= 1)
+        for (int off = 16; off >= L; off >>= 1) mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffff, mx[0], off));
+        const int hh = (hi_a ? 2 : 0) + (hi_b ? 1 : 0);
+        if (sub == 0 && (ch & (L / 4 - 1)) == 0 && h0 + hh < a.Hi)
+          scores_row[static_cast<int64_t>(h0 + hh) * a.MP + j] = mx[0];
+      } else {
 #pragma unroll
-        for (int hh = 0; hh < kHeadsPerPass; ++hh) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffff, mx[hh], off));
-      if (lane == 0) {
+        for (int off = 16; off >= L; off >>= 1)
 #pragma unroll
-        for (int hh = 0; hh < kHeadsPerPass; ++hh)
-          if (h0 + hh < a.Hi) scores_row[static_cast<int64_t>(h0 + hh) * a.MP + j] = mx[hh];
+          for (int hh = 0; hh < kHeadsPerPass; ++hh)
+            mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffff, mx[hh], off));
+        if (lane == 0) {
+#pragma unroll
+          for (int hh = 0; hh < kHeadsPerPass; ++hh)
+            if (h0 + hh < a.Hi) scores_row[static_cast<int64_t>(h0 + hh) * a.MP + j] = mx[hh];
+        }
       }
     }
   }
