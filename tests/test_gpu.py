@@ -380,7 +380,11 @@ def test_cuda_msa_prefill_kernel(case, monkeypatch):
                              n_kv_heads=hkv, head_dim=128, dtype=jnp.bfloat16)
     q = rand(rng, (batch.T, hkv * group, 128), jnp.bfloat16)
     ids = _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv)
-    args = (q, batch.offsets, None, cache.kv_blocks, batch.cache_lengths, cache.lut, 1, ids)
+    kv_blocks = np.array(cache.kv_blocks)
+    for b, (c, m) in enumerate(zip(cache_len, n)):  # NaN in the slots past each sequence's keys: never read
+        if (c + m) % 128:
+            kv_blocks[cache.lut[b, (c + m) // 128], :, 1, (c + m) % 128:] = np.nan
+    args = (q, batch.offsets, None, kv_blocks, batch.cache_lengths, cache.lut, 1, ids)
     cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
     plan = msa_ops.plan("mo.msa.attention.ragged.paged", *args[:2], cro, *args[3:])
     assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)

@@ -175,12 +175,15 @@ __global__ void __launch_bounds__(256, 1)
   const int64_t kv_half = static_cast<int64_t>(a.num_layers) * BN * row_stride;
   const int64_t head_off = static_cast<int64_t>(layer_ok ? layer : 0) * BN * row_stride + hkv * D + my_ch * 8;
   const uint32_t sK0 = sQ + C::kOffK, sV0 = sQ + C::kOffV;
+  // Slots at or past the sequence's keys are zero-filled, not read: whatever a page holds there (even NaN) must not
+  // reach O through a 0 * V product.
   auto load_half = [&](int j, uint32_t dst, int64_t half_off) {  // K (half_off 0) or V of union block j
     const T* src = kvb + static_cast<int64_t>(sPages[j]) * 2 * kv_half + half_off + head_off;
+    const int n_exist = kmax - sIds[j] * BN;  // > 0: the block has a key < kmax
 #pragma unroll
     for (int i = 0; i < NPASS; ++i) {
       const int r = my_row + i * RSTEP;
-      cp_async16(dst + sw128_offset<BN>(r, my_ch), src + r * row_stride, true);
+      cp_async16(dst + sw128_offset<BN>(r, my_ch), src + r * row_stride, r < n_exist);
     }
   };
 
@@ -285,6 +288,7 @@ __global__ void __launch_bounds__(256, 1)
     fence_regs<ND * 4>(o);
     __syncthreads();  // every warpgroup is done with the chunk's blocks and masks
   }
+  cp_async_wait<0>();  // Q's copy, when no block was selected
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
