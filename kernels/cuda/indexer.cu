@@ -120,6 +120,8 @@ __global__ void __launch_bounds__(kScoreThreads, 2) indexer_score_kernel(const I
   constexpr int E = Chunk<T>::kElems;
   constexpr int KPW = 32 / L;      // keys a warp covers per step
   constexpr int UNROLL = 8 / M;    // steps whose loads are in flight together (8 chunks per lane)
+  // Rows of 4 to 16 lanes reduce-scatter the four heads' partial dots (below); others sum each head over L lanes.
+  constexpr bool kScatter = L >= 4 && L <= 16 && kHeadsPerPass == 4;
   const int t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int sub = lane / L, ch = lane % L;  // key slot within the warp's step, chunk group within the key row
@@ -177,11 +179,12 @@ __global__ void __launch_bounds__(kScoreThreads, 2) indexer_score_kernel(const I
       float mx[kHeadsPerPass];
 #pragma unroll
       for (int hh = 0; hh < kHeadsPerPass; ++hh) mx[hh] = -INFINITY;
-      // With 4 to 16 lanes per key row, the four heads' partial dot products are reduce-scattered: after two
-      // exchanges each lane holds one head's sum over half, then a quarter, of the row's lanes (head
-      // 2*[ch & L/2] + [ch & L/4]), and a butterfly over the remaining L/4 lanes finishes it: L/4 + 2 shuffles
-      // per key instead of 4*log2(L). Each lane then keeps the running max of its one head (mx[0]).
-      const bool hi_a = (ch & (L / 2)) != 0, hi_b = L >= 4 && (ch & (L / 4)) != 0;
+      // kScatter: the four heads' partial dot products are reduce-scattered over the key row's L lanes. The
+      // exchange with the lane L/2 away leaves each lane two heads summed over 2 lanes, the one with the lane L/4
+      // away one head (2*[ch & L/2] + [ch & L/4]) over 4 lanes, and a butterfly over the last L/4 lanes finishes
+      // it: 3 + log2(L/4) shuffles per key instead of 4*log2(L). Each lane keeps the running max of its head in
+      // mx[0].
+      const bool hi_a = kScatter && (ch & (L / 2)) != 0, hi_b = kScatter && (ch & (L / 4)) != 0;
       for (int k0 = 0; k0 < nk; k0 += KPW * UNROLL) {
         uint4 raw[UNROLL][M];
 #pragma unroll
@@ -208,7 +211,7 @@ __global__ void __launch_bounds__(kScoreThreads, 2) indexer_score_kernel(const I
               for (int e = 0; e < E; ++e) dot[hh] = fmaf(qf[hh][m][e], kf[e], dot[hh]);
           }
           const bool vis = k0 + u * KPW + sub < nk;
-          if constexpr (L >= 4 && L <= 16 && kHeadsPerPass == 4) {
+          if constexpr (kScatter) {
             const float keep0 = hi_a ? dot[2] : dot[0], keep1 = hi_a ? dot[3] : dot[1];
             const float send0 = hi_a ? dot[0] : dot[2], send1 = hi_a ? dot[1] : dot[3];
             const float r0 = keep0 + __shfl_xor_sync(0xffffffff, send0, L / 2);
@@ -228,7 +231,7 @@ __global__ void __launch_bounds__(kScoreThreads, 2) indexer_score_kernel(const I
           }
         }
       }
-      if constexpr (L >= 4 && L <= 16 && kHeadsPerPass == 4) {
+      if constexpr (kScatter) {
 #pragma unroll
         for (int off = 16; off >= L; off >>= 1) mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffff, mx[0], off));
         const int hh = (hi_a ? 2 : 0) + (hi_b ? 1 : 0);
