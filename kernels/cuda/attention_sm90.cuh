@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <type_traits>
 
 #include "attention.cuh"
 
@@ -132,34 +133,6 @@ MSA_WG_RS_N64(wgmma_rs_n64_f16, "f16")
 #undef MSA_WG_SS_N128
 #undef MSA_WG_RS_N128
 #undef MSA_WG_RS_N64
-#endif  // MSA_OPS_SM90_WGMMA
-
-
-#if defined(MSA_OPS_SM90_WGMMA)
-template <typename T>
-struct WgmmaOps;
-template <>
-struct WgmmaOps<__nv_bfloat16> {
-  static __device__ __forceinline__ void qk(float* s, uint64_t da, uint64_t db, int acc) {
-    wgmma_ss_n128_bf16(s, da, db, acc);
-  }
-  template <int N>
-  static __device__ __forceinline__ void pv(float* o, const uint32_t* a, uint64_t db) {
-    if constexpr (N == 128) wgmma_rs_n128_bf16(o, a, db);
-    else wgmma_rs_n64_bf16(o, a, db);
-  }
-};
-template <>
-struct WgmmaOps<__half> {
-  static __device__ __forceinline__ void qk(float* s, uint64_t da, uint64_t db, int acc) {
-    wgmma_ss_n128_f16(s, da, db, acc);
-  }
-  template <int N>
-  static __device__ __forceinline__ void pv(float* o, const uint32_t* a, uint64_t db) {
-    if constexpr (N == 128) wgmma_rs_n128_f16(o, a, db);
-    else wgmma_rs_n64_f16(o, a, db);
-  }
-};
 
 // The pieces of one key-tile step that the dense (below) and the MSA prefill (msa_prefill_sm90.cuh) kernels share.
 // Thread layout: each thread holds rows lane/4 and lane/4 + 8 of its warp's 16 (the wgmma accumulator layout,
@@ -174,7 +147,8 @@ __device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
     const uint32_t koff = (kk % 4) * 32;  // 16 elements into the 128-byte row
     const uint64_t da = wgmma_desc(q_wg + (kk / 4) * BM * 128 + koff, 16, 1024);
     const uint64_t db = wgmma_desc(sK + (kk / 4) * BN * 128 + koff, 16, 1024);
-    WgmmaOps<T>::qk(s, da, db, kk > 0 ? 1 : 0);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma_ss_n128_bf16(s, da, db, kk > 0 ? 1 : 0);
+    else wgmma_ss_n128_f16(s, da, db, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
@@ -186,7 +160,13 @@ __device__ __forceinline__ void wg_pv(float* o, const uint32_t (*pf)[4], uint32_
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks) {
     const uint64_t db = wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
-    WgmmaOps<T>::template pv<D>(o, pf[ks], db);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if constexpr (D == 128) wgmma_rs_n128_bf16(o, pf[ks], db);
+      else wgmma_rs_n64_bf16(o, pf[ks], db);
+    } else {
+      if constexpr (D == 128) wgmma_rs_n128_f16(o, pf[ks], db);
+      else wgmma_rs_n64_f16(o, pf[ks], db);
+    }
   }
   wgmma_commit();
 }
