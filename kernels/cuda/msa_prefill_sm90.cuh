@@ -15,7 +15,8 @@
 // the sequence. Duplicate ids merge in the bitmap. The union is processed in chunks of kChunk blocks (the
 // pipeline drains between chunks), so any topk and selection pattern is served in bounded shared memory.
 // K and V have separate two-stage rings: K of block j+1 and V of block j are loaded during iteration j, each one
-// iteration ahead of its use, in 128 KB (a joint K+V ring needs three stages, 192 KB, for the same overlap).
+// iteration ahead of its use, in 128 KB. (The dense kernel's joint three-stage ring loads V a further iteration
+// ahead and measured faster there, but its 192 KB leave no room for the planning.)
 //
 // No split-K (the grid is the query tiles x kv heads). bf16 only; fp8 prefill runs on the per-token kernel.
 #pragma once
