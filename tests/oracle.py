@@ -56,6 +56,17 @@ def repair_offsets(offsets, n_rows: int) -> np.ndarray:
     return np.minimum(n_rows, np.maximum(0, np.maximum.accumulate(o)))
 
 
+def paged_sequences(input_row_offsets, n_rows: int, cache_lengths, s_max: int):
+    """The sequences of a ragged batch over a paged cache that own rows: (b, r0, n, c) with rows r0 .. r0+n-1
+    (repaired offsets, SEMANTICS §1) and the cache length c clamped to [0, s_max]."""
+    eff = repair_offsets(input_row_offsets, n_rows)
+    cl = as_i32(cache_lengths)
+    for b in range(len(cl)):
+        r0, r1 = int(eff[b]), int(eff[b + 1])
+        if r1 > r0:
+            yield b, r0, r1 - r0, int(np.clip(cl[b], 0, s_max))
+
+
 def visible(mask: str, p: np.ndarray, k: np.ndarray, window: int) -> np.ndarray:
     """Mask predicate of SPEC.md (key existence is applied separately). p: [n, 1], k: [1, K] -> [n, K]."""
     mask = normalize_mask(mask)
@@ -140,16 +151,11 @@ def mha_ragged_paged(q, input_row_offsets, kv_blocks, cache_lengths, kv_lookup_t
     _NB, _L, _P, _Hkv, D, lut, s_max = _layout(kv_blocks, kv_lookup_table)
     scale = _default_scale(scale, Dq)
     sinks = None if sink_weights is None else f64(sink_weights)
-    eff = repair_offsets(input_row_offsets, T)
-    cl = as_i32(cache_lengths)
     layer = scalar_i32(layer_idx)
     out = np.zeros((T, H, D), np.float64)
-    for b in range(len(cl)):
-        r0, r1 = int(eff[b]), int(eff[b + 1])
-        if r1 > r0:
-            c = int(np.clip(cl[b], 0, s_max))
-            out[r0:r1] = _paged_attend(qf[r0:r1], kv_blocks, lut[b], layer, c, s_max, mask_str, local_window_size,
-                                       scale, sinks)
+    for b, r0, n, c in paged_sequences(input_row_offsets, T, cache_lengths, s_max):
+        out[r0:r0 + n] = _paged_attend(qf[r0:r0 + n], kv_blocks, lut[b], layer, c, s_max, mask_str,
+                                       local_window_size, scale, sinks)
     return out
 
 
@@ -272,17 +278,10 @@ def msa_attention_ragged_paged(q, input_row_offsets, cache_row_offsets, kv_block
     assert P == 128, "MSA needs page_size 128"
     group = H // Hkv
     scale = _default_scale(scale, Dq)
-    eff = repair_offsets(input_row_offsets, T)
-    cl = as_i32(cache_lengths)
     idx = as_i32(d_indices)  # [Hkv, T, topk]
     layer = scalar_i32(layer_idx)
     out = np.zeros((T, H, D), np.float64)
-    for b in range(len(cl)):
-        r0, r1 = int(eff[b]), int(eff[b + 1])
-        n = r1 - r0
-        if n <= 0:
-            continue
-        c = int(np.clip(cl[b], 0, s_max))
+    for b, r0, n, c in paged_sequences(input_row_offsets, T, cache_lengths, s_max):
         num_keys = c + n
         n_keys = min(num_keys, s_max)
         K, exists = gather_paged_keys(kv_blocks, lut[b], layer, n_keys, 0)
@@ -328,17 +327,10 @@ def msa_indexer_scores(q, input_row_offsets, k_blocks, k_cache_lengths, k_lookup
     MP = lut.shape[1]
     s_max = MP * P
     scale = _default_scale(scale, Di)
-    eff = repair_offsets(input_row_offsets, T)
-    cl = as_i32(k_cache_lengths)
     layer = scalar_i32(layer_idx)
     scores = np.full((Hi, T, MP), -np.inf)
     eligible = np.zeros((T, MP), bool)
-    for b in range(len(cl)):
-        r0, r1 = int(eff[b]), int(eff[b + 1])
-        n = r1 - r0
-        if n <= 0:
-            continue
-        c = int(np.clip(cl[b], 0, s_max))
+    for b, r0, n, c in paged_sequences(input_row_offsets, T, k_cache_lengths, s_max):
         n_keys = min(c + n, s_max)
         K, exists = gather_paged_keys(k_blocks, lut[b], layer, n_keys, 0)
         K = K[:, 0]  # [n_keys, Di]
