@@ -1,11 +1,11 @@
 // CUDA handler of mo.msa.attention.ragged.paged (MiniMax Sparse Attention, SEMANTICS.md §7).
 //
 // One CTA = one query token, one kv head, one block of 16 query heads of its group, one split-K partition of
-// the token's top-k slots. The CTA compacts its slots into a list of 64-key tiles (valid, first occurrence,
-// inside the sequence, at or before the token's position) and streams them through the same cp.async ring,
-// swizzled shared memory and mma.sync pipeline as the dense decode kernel, with the four warps splitting
-// each tile's keys. FP8 (e4m3) K/V and q are widened to f16 in shared memory with paired conversions (exact:
-// every e4m3 value is an f16 value) and run the f16 MMA; softmax and accumulation are f32, output bf16.
+// the token's top-k slots. The CTA compacts its slots into a list of key tiles (valid, first occurrence, inside
+// the sequence, at or before the token's position) and streams them through a cp.async ring into swizzled
+// shared memory and mma.sync, with the four warps splitting each tile's keys (KvTraits below). FP8 (e4m3) runs
+// Q.K^T on the e4m3 MMA as loaded and widens V in registers for the f16 P.V MMA; softmax and accumulation are
+// f32, output bf16. Rows owned by no sequence are zeroed by the kernel itself when the call is unsplit.
 // Split-K partials merge in split_k_combine_kernel (attention.cuh), which also zeroes padding rows.
 // This kernel serves decode, speculative decode, and the prefill calls the block-reusing kernel does not take:
 // bf16 prefill with one partition on compute capability 9.0 runs msa_prefill_sm90_kernel, which reads each
@@ -30,8 +30,8 @@ namespace {
 
 constexpr int kD = 128;       // MSA head dim
 constexpr int kBlock = 128;   // keys per selected block (one page)
-constexpr int kBN = 64;       // keys per tile
-constexpr int kThreads = 128;
+constexpr int kWarps = 4;     // they split each tile's keys and merge at the end
+constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 3;
 constexpr int kMaxTopk = 256;  // slots one CTA compacts in shared memory (larger topk: reference)
 
@@ -58,62 +58,92 @@ __device__ __forceinline__ int owner_of(const MsaArgs& a, int t, int64_t* eff_b,
   return row_owner(a.offsets, a.B, a.T, t, eff_b, eff_b1);
 }
 
+// Per KV dtype: the bytes of one key row, the keys per ring tile (split over the kWarps warps), and the MMA of
+// Q.K^T. Both tiles are 32 KB of K + V per stage, so the ring holds the same bytes in flight for both dtypes.
+// (On the H200, fp8 with 8 warps or 6 stages measured no faster; NOTES_msa.md.)
+//   bf16: 64-key tiles (16 keys per warp); Q.K^T and P.V on the bf16 m16n8k16 MMA.
+//   fp8:  128-key tiles (a whole block, 32 keys per warp); Q.K^T on the e4m3 m16n8k32 MMA straight from the loaded tile (q is
+//         e4m3 too), P.V on the f16 m16n8k16 MMA with V widened in registers (e4m3 -> f16 is exact): ldmatrix
+//         .trans hands each lane two keys of one pair of adjacent columns, a byte permute splits the pair, and the
+//         even and odd columns run as two MMAs whose output columns are interleaved (col_of below).
 template <typename KV>
 struct KvTraits;
 template <>
 struct KvTraits<__nv_bfloat16> {
-  static constexpr bool kWiden = false;
-  static constexpr int kBytes = 2;
-  using Wide = __nv_bfloat16;  // MMA operand type
+  static constexpr int kRowBytes = kD * 2;
+  static constexpr int kBN = 64;
+  using Pv = __nv_bfloat16;  // P.V MMA operand type
+  static __device__ __forceinline__ void qk(float* c, const uint32_t* a, const uint32_t* b) {
+    Mma<__nv_bfloat16>::run(c, a, b);
+  }
+  // D column of accumulator element e (0/1: the pair in one register row) of output tile j, for this lane.
+  static __device__ __forceinline__ int col_of(int j, int lane, int e) { return j * 8 + (lane % 4) * 2 + e; }
 };
 template <>
 struct KvTraits<__nv_fp8_e4m3> {
-  static constexpr bool kWiden = true;
-  static constexpr int kBytes = 1;
-  using Wide = __half;  // e4m3 -> f16 is exact and has a paired conversion instruction
+  static constexpr int kRowBytes = kD;
+  static constexpr int kBN = 128;
+  using Pv = __half;
+  static __device__ __forceinline__ void qk(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  // Tile j = 2 * chunk + parity covers columns 16 * chunk + 2 * n + parity, n = 0..7.
+  static __device__ __forceinline__ int col_of(int j, int lane, int e) {
+    return (j / 2) * 16 + (lane % 4) * 4 + e * 2 + (j % 2);
+  }
 };
 
-// 8 e4m3 values (8 bytes) -> 8 f16 values (16 bytes), four paired conversions.
-__device__ __forceinline__ uint4 widen8(uint2 raw) {
-  __half2_raw h[4];
-  h[0] = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.x & 0xffffu), __NV_E4M3);
-  h[1] = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.x >> 16), __NV_E4M3);
-  h[2] = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.y & 0xffffu), __NV_E4M3);
-  h[3] = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.y >> 16), __NV_E4M3);
-  uint4 out;
-  out.x = static_cast<uint32_t>(h[0].x) | (static_cast<uint32_t>(h[0].y) << 16);
-  out.y = static_cast<uint32_t>(h[1].x) | (static_cast<uint32_t>(h[1].y) << 16);
-  out.z = static_cast<uint32_t>(h[2].x) | (static_cast<uint32_t>(h[2].y) << 16);
-  out.w = static_cast<uint32_t>(h[3].x) | (static_cast<uint32_t>(h[3].y) << 16);
-  return out;
+// Two e4m3 keys x two adjacent columns (bytes: key a col 2c, key a col 2c+1, key b col 2c, key b col 2c+1, as
+// ldmatrix .trans delivers them) -> f16x2 {a, b} of column 2c and of column 2c+1.
+__device__ __forceinline__ void widen_key_pair(uint32_t r, uint32_t* even, uint32_t* odd) {
+  const uint32_t x = __byte_perm(r, 0, 0x3120);  // bytes: a.2c, b.2c, a.2c+1, b.2c+1
+  const __half2_raw e = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
+  const __half2_raw o = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x >> 16), __NV_E4M3);
+  *even = static_cast<uint32_t>(e.x) | (static_cast<uint32_t>(e.y) << 16);
+  *odd = static_cast<uint32_t>(o.x) | (static_cast<uint32_t>(o.y) << 16);
+}
+
+// Byte offset of 16-byte chunk ch of row r in a tile of kRowBytes rows, XOR-swizzled for ldmatrix.
+template <int kRowBytes>
+__device__ __forceinline__ int swz(int r, int ch) {
+  return r * kRowBytes + ((ch ^ (r & 7)) << 4);
 }
 
 template <typename KV>
 struct MsaSmem {
-  static constexpr int kRowBytes = kD * KvTraits<KV>::kBytes;          // one key row of K (or V)
-  static constexpr int kStageBytes = 2 * kBN * kRowBytes;              // K + V tile as loaded
-  static constexpr int kWideBytes = KvTraits<KV>::kWiden ? 2 * kBN * kD * 2 : 0;  // widened bf16 K + V
-  static constexpr int kQBytes = 16 * kD * 2;
+  static constexpr int kRowBytes = KvTraits<KV>::kRowBytes;
+  static constexpr int kStageBytes = 2 * KvTraits<KV>::kBN * kRowBytes;  // K + V tile
+  static constexpr int kQBytes = 16 * kRowBytes;
   static constexpr int kListBytes = 5 * kMaxTopk * 4 + 64;  // key0[2*topk], page[2*topk], ids[topk], count
-  static constexpr int kMergeBytes = 4 * (16 * kD + 32) * 4;
-  static constexpr int kMain = kStages * kStageBytes + kWideBytes;
+  static constexpr int kMergeBytes = kWarps * (16 * kD + 32) * 4;
+  static constexpr int kMain = kStages * kStageBytes;
   static constexpr int kBytesTotal = kQBytes + kListBytes + (kMain > kMergeBytes ? kMain : kMergeBytes);
 };
 
 template <typename KV>
 __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a) {
-  using W = typename KvTraits<KV>::Wide;
-  using M = Mma<W>;
+  using T = KvTraits<KV>;
+  using PvMma = Mma<typename T::Pv>;
   using S = MsaSmem<KV>;
-  constexpr int ND = kD / 8, KD = kD / 16;
+  constexpr int kBN = T::kBN;
+  constexpr int kRowBytes = T::kRowBytes;
+  constexpr int kChunksRow = kRowBytes / 16;  // 16 (bf16) or 8 (fp8)
+  constexpr int KS = kChunksRow / 2;          // Q.K^T k-steps (two chunks each)
+  constexpr int kWarpKeys = kBN / kWarps;     // the warp's keys of each tile
+  constexpr int NT = kWarpKeys / 8;           // score tiles of 8 keys per warp
+  static_assert(kWarpKeys % 16 == 0, "whole P.V k-steps per warp and tile");
+  constexpr int ND = kD / 8;                  // output tiles
   extern __shared__ __align__(128) unsigned char smem[];
-  W* sQ = reinterpret_cast<W*>(smem);
+  unsigned char* sQ = smem;
   int* sTiles = reinterpret_cast<int*>(smem + S::kQBytes);  // key0 of each tile
   int* sPages = sTiles + 2 * kMaxTopk;                        // its page
   int* sIds = sTiles + 4 * kMaxTopk;                          // the token's slots
   int* sCount = sIds + kMaxTopk;
   unsigned char* ring = smem + S::kQBytes + S::kListBytes;
-  W* sWide = reinterpret_cast<W*>(ring + kStages * S::kStageBytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int row_blocks = (a.group + 15) / 16;
@@ -123,7 +153,14 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 
   int64_t e0 = 0, e1 = 0;
   const int b = owner_of(a, t, &e0, &e1);
-  if (b < 0) return;  // padding row: zeroed by the epilogue
+  if (b < 0) {  // a padding row: zero here when unsplit (saves a launch); split-K's combine zeroes it otherwise
+    if (a.num_partitions <= 1) {
+      const int rows = min(16, a.group - g0);
+      __nv_bfloat16* dst = a.out + (static_cast<int64_t>(t) * a.H + static_cast<int64_t>(hkv) * a.group + g0) * kD;
+      for (int i = tid; i < rows * kD / 8; i += kThreads) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
   const int64_t s_max = static_cast<int64_t>(a.max_pages) * kBlock;
   const int64_t c = iclamp(a.cache_lengths[b], 0, s_max);
   const int64_t p = c + (t - e0);
@@ -156,9 +193,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
           ok = page >= 0 && page < a.num_blocks;
         }
       }
-      // Each valid block gives one or two 64-key tiles (the second only if it holds keys <= p and < kmax).
+      // Each valid block gives one tile, and with 64-key tiles a second one if it holds keys <= p and < kmax.
       const int key0 = id * kBlock;
-      const bool second = ok && key0 + kBN <= p && key0 + kBN < kmax;
+      const bool second = kBN < kBlock && ok && key0 + kBN <= p && key0 + kBN < kmax;
       const int n_here = (ok ? 1 : 0) + (second ? 1 : 0);
       int pre = n_here;
 #pragma unroll
@@ -180,50 +217,39 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     if (lane == 0) *sCount = count;
   }
 
-  // ---- Q rows (16 heads of the group, zero past the group), widened to bf16, swizzled.
+  // ---- Q rows (16 heads of the group, zero past the group) as stored (bf16 or e4m3), swizzled.
   const int rows = min(16, a.group - g0);
-  for (int cidx = tid; cidx < 16 * (kD / 8); cidx += kThreads) {
-    const int r = cidx / (kD / 8), ch = cidx % (kD / 8);
+  for (int cidx = tid; cidx < 16 * kChunksRow; cidx += kThreads) {
+    const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (r < rows) {
       const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
-      if constexpr (KvTraits<KV>::kWiden) {
-        const unsigned char* src =
-            static_cast<const unsigned char*>(a.q) + (static_cast<int64_t>(t) * a.H + h) * kD + ch * 8;
-        val = widen8(*reinterpret_cast<const uint2*>(src));
-      } else {
-        val = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.q) +
-                                              (static_cast<int64_t>(t) * a.H + h) * kD + ch * 8);
-      }
+      val = *reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.q) +
+                                            (static_cast<int64_t>(t) * a.H + h) * kRowBytes + ch * 16);
     }
-    *reinterpret_cast<uint4*>(sQ + SwizzledTile<kD>::offset(r, ch)) = val;
+    *reinterpret_cast<uint4*>(sQ + swz<kRowBytes>(r, ch)) = val;
   }
   __syncthreads();
   const int num_tiles = *sCount;
 
-  // ---- tile loader: 64 consecutive key slots of one page, K and V, 16-byte chunks.
-  const KV* kvb = static_cast<const KV*>(a.kv);
-  const int64_t row_stride = static_cast<int64_t>(a.Hkv) * kD;
+  // ---- tile loader: kBN consecutive key slots of one page, K and V, 16-byte chunks.
+  const unsigned char* kvb = static_cast<const unsigned char*>(a.kv);
+  const int64_t row_stride = static_cast<int64_t>(a.Hkv) * kRowBytes;  // bytes
   const int64_t kv_half = static_cast<int64_t>(a.num_layers) * kBlock * row_stride;
-  const int64_t head_off = static_cast<int64_t>(layer) * kBlock * row_stride + static_cast<int64_t>(hkv) * kD;
-  constexpr int kChunksRow = S::kRowBytes / 16;  // 16 (bf16) or 8 (fp8)
+  const int64_t head_off = static_cast<int64_t>(layer) * kBlock * row_stride + static_cast<int64_t>(hkv) * kRowBytes;
   auto load_tile = [&](int i, int stage) {
     unsigned char* sK = ring + stage * S::kStageBytes;
-    unsigned char* sV = sK + kBN * S::kRowBytes;
+    unsigned char* sV = sK + kBN * kRowBytes;
     const int key0 = sTiles[i];
     const int64_t page_off = static_cast<int64_t>(sPages[i]) * 2 * kv_half + head_off;
     for (int cidx = tid; cidx < kBN * kChunksRow; cidx += kThreads) {
       const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
       const int key = key0 + r;
       const bool ok = key < kmax;
-      const int64_t off = page_off + static_cast<int64_t>(key % kBlock) * row_stride;
-      const unsigned char* srcK = reinterpret_cast<const unsigned char*>(kvb + off) + ch * 16;
-      const unsigned char* srcV = reinterpret_cast<const unsigned char*>(kvb + off + kv_half) + ch * 16;
-      // bf16 tiles are stored swizzled for ldmatrix; fp8 tiles are widened (and swizzled) afterwards.
-      const int dst = KvTraits<KV>::kWiden ? r * S::kRowBytes + ch * 16
-                                           : SwizzledTile<kD>::offset(r, ch) * 2;
-      cp_async16(smem_addr(sK + dst), ok ? srcK : reinterpret_cast<const unsigned char*>(kvb), ok);
-      cp_async16(smem_addr(sV + dst), ok ? srcV : reinterpret_cast<const unsigned char*>(kvb), ok);
+      const unsigned char* srcK = kvb + page_off + static_cast<int64_t>(key % kBlock) * row_stride + ch * 16;
+      const int dst = swz<kRowBytes>(r, ch);
+      cp_async16(smem_addr(sK + dst), ok ? srcK : kvb, ok);
+      cp_async16(smem_addr(sV + dst), ok ? srcK + kv_half : kvb, ok);
     }
   };
 
@@ -233,18 +259,18 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     cp_async_commit();
   }
 
-  uint32_t qf[KD][4];
+  uint32_t qf[KS][4];
 #pragma unroll
-  for (int kk = 0; kk < KD; ++kk) {
+  for (int kk = 0; kk < KS; ++kk) {
     const int r = lane % 16, ch = kk * 2 + lane / 16;
-    ldmatrix_x4(qf[kk], smem_addr(sQ + SwizzledTile<kD>::offset(r, ch)));
+    ldmatrix_x4(qf[kk], smem_addr(sQ + swz<kRowBytes>(r, ch)));
   }
 
   float o[ND][4];
 #pragma unroll
   for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const int key_w0 = warp * 16;  // the warp's 16 keys of each tile
+  const int key_w0 = warp * kWarpKeys;
   const float sl2 = a.scale_log2;
   const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
 
@@ -257,46 +283,29 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     }
     cp_async_wait<kStages - 1>();
     __syncthreads();
-    const W* sK;
-    const W* sV;
-    if constexpr (KvTraits<KV>::kWiden) {
-      // Widen the fp8 tile into the f16 buffer (exact), swizzled for ldmatrix.
-      const unsigned char* rK = ring + stage * S::kStageBytes;
-      const unsigned char* rV = rK + kBN * S::kRowBytes;
-      W* wK = sWide;
-      W* wV = sWide + kBN * kD;
-      for (int cidx = tid; cidx < 2 * kBN * (kD / 8); cidx += kThreads) {
-        const int which = cidx / (kBN * (kD / 8));
-        const int rem = cidx % (kBN * (kD / 8));
-        const int r = rem / (kD / 8), ch = rem % (kD / 8);
-        const uint2 raw = *reinterpret_cast<const uint2*>((which ? rV : rK) + r * S::kRowBytes + ch * 8);
-        *reinterpret_cast<uint4*>((which ? wV : wK) + SwizzledTile<kD>::offset(r, ch)) = widen8(raw);
-      }
-      __syncthreads();
-      sK = wK;
-      sV = wV;
-    } else {
-      sK = reinterpret_cast<const W*>(ring + stage * S::kStageBytes);
-      sV = sK + kBN * kD;
-    }
+    const unsigned char* sK = ring + stage * S::kStageBytes;
+    const unsigned char* sV = sK + kBN * kRowBytes;
     const int key0 = sTiles[it];
 
-    float s[2][4];
+    float s[NT][4];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      uint32_t kf[4];
-      const int mtx = lane / 8, r8 = lane % 8;
-      const int key = key_w0 + r8 + (mtx / 2) * 8;
-      const int ch = kk * 2 + (mtx % 2);
-      ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<kD>::offset(key, ch)));
-      M::run(s[0], qf[kk], kf);
-      M::run(s[1], qf[kk], kf + 2);
+    for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+      for (int jp = 0; jp < NT / 2; ++jp) {
+        uint32_t kf[4];
+        const int mtx = lane / 8, r8 = lane % 8;
+        const int key = key_w0 + jp * 16 + r8 + (mtx / 2) * 8;
+        const int ch = kk * 2 + (mtx % 2);
+        ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(key, ch)));
+        T::qk(s[2 * jp], qf[kk], kf);
+        T::qk(s[2 * jp + 1], qf[kk], kf + 2);
+      }
     }
     float m_new[2] = {m_run[0], m_run[1]};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < NT; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
@@ -323,9 +332,10 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
         o[j][3] *= corr[1];
       }
     }
-    uint32_t pf[4];
+    // P as the A operand of P.V: k-step ks covers score tiles 2ks and 2ks+1 (16 keys).
+    uint32_t pf[NT / 2][4];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < NT; ++j) {
       float pv[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -333,18 +343,32 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
         pv[e] = exp2f(s[j][e] + nm);
         l_run[e / 2] += pv[e];
       }
-      pf[j * 2 + 0] = M::pack(pv[0], pv[1]);
-      pf[j * 2 + 1] = M::pack(pv[2], pv[3]);
+      pf[j / 2][(j % 2) * 2 + 0] = PvMma::pack(pv[0], pv[1]);
+      pf[j / 2][(j % 2) * 2 + 1] = PvMma::pack(pv[2], pv[3]);
     }
 #pragma unroll
-    for (int jd = 0; jd < ND; jd += 2) {
-      uint32_t vf[4];
-      const int mtx = lane / 8, r8 = lane % 8;
-      const int key = key_w0 + r8 + (mtx % 2) * 8;
-      const int ch = jd + (mtx / 2);
-      ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<kD>::offset(key, ch)));
-      M::run(o[jd], pf, vf);
-      M::run(o[jd + 1], pf, vf + 2);
+    for (int ks = 0; ks < NT / 2; ++ks) {
+#pragma unroll
+      for (int ch2 = 0; ch2 < kChunksRow; ch2 += 2) {
+        uint32_t vf[4];
+        const int mtx = lane / 8, r8 = lane % 8;
+        const int key = key_w0 + ks * 16 + r8 + (mtx % 2) * 8;
+        const int ch = ch2 + (mtx / 2);
+        ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(key, ch)));
+        if constexpr (std::is_same_v<KV, __nv_bfloat16>) {  // chunk = output tile of 8 columns
+          PvMma::run(o[ch2], pf[ks], vf);
+          PvMma::run(o[ch2 + 1], pf[ks], vf + 2);
+        } else {  // chunk c = 16 columns = output tiles 2c (even columns) and 2c + 1 (odd)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            uint32_t ev[2], od[2];
+            widen_key_pair(vf[2 * u], &ev[0], &od[0]);
+            widen_key_pair(vf[2 * u + 1], &ev[1], &od[1]);
+            PvMma::run(o[2 * (ch2 + u)], pf[ks], ev);
+            PvMma::run(o[2 * (ch2 + u) + 1], pf[ks], od);
+          }
+        }
+      }
     }
     __syncthreads();
   }
@@ -358,12 +382,12 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   // Merge the four key-split warps.
   __syncthreads();
   float* mo = reinterpret_cast<float*>(ring);
-  float* ml = mo + 4 * 16 * kD;
+  float* ml = mo + kWarps * 16 * kD;
 #pragma unroll
   for (int j = 0; j < ND; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      mo[(warp * 16 + lane / 4 + (e / 2) * 8) * kD + j * 8 + (lane % 4) * 2 + (e % 2)] = o[j][e];
+      mo[(warp * 16 + lane / 4 + (e / 2) * 8) * kD + T::col_of(j, lane, e % 2)] = o[j][e];
   if (lane % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -378,10 +402,10 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     const int r = lane / 4 + i * 8;
     float mt = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
-    float f[4], lt = 0.f;
+    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
+    float f[kWarps], lt = 0.f;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       const float mw = ml[(w * 16 + r) * 2];
       f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
       lt += f[w] * ml[(w * 16 + r) * 2 + 1];
@@ -395,7 +419,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       const int col = j * 8 + (lane % 4) * 2;
       float v0 = 0.f, v1 = 0.f;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
+      for (int w = 0; w < kWarps; ++w) {
         v0 += f[w] * mo[(w * 16 + r) * kD + col];
         v1 += f[w] * mo[(w * 16 + r) * kD + col + 1];
       }
@@ -453,7 +477,8 @@ template <typename KV>
 Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   using S = MsaSmem<KV>;
   const AttentionArgs a = as_attention(m);
-  if (m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m)) {
+  const bool prefill = m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m);
+  if (prefill) {
     auto kernel = msa_prefill_sm90_kernel;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);
     const int grid_x = static_cast<int>(m.B + ceil_div(static_cast<int64_t>(m.T) * m.group, MsaPrefillSm90::kBlockM));
@@ -470,8 +495,12 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
   }
-  // Rows owned by no sequence (and, with split-K, every row's merge) go through the dense epilogues.
-  if (m.T > 0) {
+  // Split-K merges (and zeroes rows owned by no sequence) in the dense combine kernel; unsplit, the per-token
+  // kernel zeroes those rows itself and the prefill kernel leaves them to the dense zeroing epilogue.
+  if (m.T > 0 && m.topk == 0) {  // nothing selected: every row is zero
+    if (cudaError_t e = cudaMemsetAsync(m.out, 0, static_cast<size_t>(m.T) * m.H * kD * 2, stream); e != cudaSuccess)
+      return Error::Internal(std::string(target) + ": memset failed: " + cudaGetErrorString(e));
+  } else if (m.T > 0 && (m.num_partitions > 1 || prefill)) {
     if (m.num_partitions > 1)
       split_k_combine_kernel<__nv_bfloat16, kD><<<dim3(m.T, m.H), kD, 0, stream>>>(a);
     else
