@@ -23,6 +23,26 @@ def bench(fn, args, iters: int = 20, repeats: int = 5) -> float:
     return float(np.median(ts))
 
 
+def bench_in_graph(op, args, n: int = 10, vary: int = 0, **kw) -> float:
+    """Seconds per call of ``op(*args)``, timed as ``n`` calls inside one jitted function.
+
+    Host dispatch of a jitted call costs tens of microseconds, as much as a small decode kernel runs, so one
+    call per dispatch measures the host. Here one dispatch runs ``n`` independent calls: ``args[vary]`` enters
+    as ``n`` separate parameters (the same array each time), so XLA cannot merge the calls into one.
+    """
+    rest = [x for i, x in enumerate(args) if i != vary]
+
+    def many(*params):
+        outs = []
+        for v in params[:n]:
+            call_args = list(params[n:])
+            call_args.insert(vary, v)
+            outs.append(op(*call_args))
+        return tuple(outs)
+
+    return bench(jax.jit(many), (args[vary],) * n + tuple(rest), **kw) / n
+
+
 def write_results(out_dir: str, name: str, rows: list, text: str) -> None:
     """Print the markdown table and write `<name>.json` (rows) and `<name>.md` (text) into `out_dir`."""
     print(text)
