@@ -126,7 +126,11 @@ def test_cuda_mha_ragged_paged_matches_oracle(case):
                              max_pages=-(-512 // page), n_kv_heads=hkv, head_dim=d, dtype=case["dtype"])
     q = rand(rng, (batch.T, h, d), case["dtype"])
     sink = rand(rng, (h,), case["dtype"]) if case["sink"] else None
-    args = (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut, 1)
+    kv_blocks = np.array(cache.kv_blocks)
+    for b, (c, m) in enumerate(zip(batch.cache, batch.n)):  # NaN in the slots past each sequence's keys
+        if (c + m) % page:
+            kv_blocks[cache.lut[b, (c + m) // page], :, 1, (c + m) % page:] = np.nan
+    args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache.lut, 1)
     kw = dict(mask_str=case["mask"], local_window_size=case["window"])
     got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=case["np_"],
                                                       implementation="native", **kw))(*args)
@@ -167,7 +171,11 @@ def test_cuda_mha_128_row_tiles_match_oracle(case, kernel, monkeypatch):
                              max_pages=-(-s_max // page), n_kv_heads=hkv, head_dim=d, dtype=case["dtype"])
     q = rand(rng, (batch.T, h, d), case["dtype"])
     sink = rand(rng, (h,), case["dtype"]) if case["sink"] else None
-    args = (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut, 1)
+    kv_blocks = np.array(cache.kv_blocks)
+    for b, (c, m) in enumerate(zip(batch.cache, batch.n)):  # NaN in the slots past each sequence's keys
+        if (c + m) % page:
+            kv_blocks[cache.lut[b, (c + m) // page], :, 1, (c + m) % page:] = np.nan
+    args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache.lut, 1)
     kw = dict(mask_str=case["mask"], local_window_size=case["window"])
     plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=case["np_"], max_prompt_length=1024, **kw)
     assert plan.tile_m == 128
@@ -219,6 +227,42 @@ def test_cuda_no_cache_matches_oracle(mask, group):
                                                          implementation="native"))(qp, kp, vp, vlen)
     want = oracle.mha_padded_no_cache(qp, kp, vp, vlen, mask_str=mask, local_window_size=4)
     assert_close(got, want, budget_for(jnp.float16))
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "mma_sync"])
+@pytest.mark.parametrize("mask", ["causal", "null", "sliding_window_causal"])
+@pytest.mark.parametrize("dtype,d", [(jnp.bfloat16, 128), (jnp.float16, 64)])
+def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
+    """Contiguous K/V on the 128-row tile: ragged K/V whose last sequence ends before rows of NaN (a tile reads
+    past it), and padded K/V with NaN in every row past a sequence's valid length. Keys past a sequence must not
+    reach its output, not even as 0 * NaN."""
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1" if kernel == "wgmma" else "0")
+    rng = np.random.default_rng(d + len(mask))
+    hkv, group = 2, 4
+    h = hkv * group
+    n = [300, 0, 129, 40]
+    nk = [400, 3, 129, 170]
+    q = rand(rng, (sum(n) + 5, h, d), dtype)
+    k = np.asarray(rand(rng, (sum(nk) + 9, hkv, d), dtype)).copy()
+    v = np.asarray(rand(rng, (sum(nk) + 9, hkv, d), dtype)).copy()
+    k[sum(nk):] = np.nan
+    v[sum(nk):] = np.nan
+    qo = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
+    kw = dict(mask_str=mask, local_window_size=70)
+    # (no plan for these ops: the handler takes the 128-row tile when some sequence may hold 128 / group tokens)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, implementation="native", **kw))(q, k, v, qo, ko)
+    assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, **kw), budget_for(dtype))
+    s, sk = 150, 260
+    vl = np.array([150, 0, 97, 131], np.int32)
+    qp = rand(rng, (4, s, h, d), dtype)
+    kp = np.asarray(rand(rng, (4, sk, hkv, d), dtype)).copy()
+    vp = np.asarray(rand(rng, (4, sk, hkv, d), dtype)).copy()
+    for b in range(4):
+        kp[b, vl[b]:] = np.nan
+        vp[b, vl[b]:] = np.nan
+    got = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, implementation="native", **kw))(qp, kp, vp, vl)
+    assert_close(got, oracle.mha_padded_no_cache(qp, kp, vp, vl, **kw), budget_for(dtype))
 
 
 def test_cuda_mha_bad_values_do_not_fault():

@@ -2,8 +2,12 @@
 //
 // Same contract, grid and epilogue as attention_kernel<T, D, 128, *> (attention.cuh): a CTA owns 128 packed
 // (token, head) rows of one sequence and one kv head, and gridDim.z splits the keys into partitions. Two
-// warpgroups own 64 rows each. K/V tiles of 128 keys stream through a three-stage cp.async ring laid out in the
-// 128-byte-swizzled shared-memory form wgmma reads ([D/64][rows][64] elements, 16-byte chunks XOR row % 8):
+// warpgroups own 64 rows each. K/V tiles of 128 keys stream through a three-stage ring that the tensor memory
+// accelerator (TMA) fills, one thread issuing it, in the 128-byte-swizzled shared-memory form wgmma reads
+// ([D/64][rows][64] elements, 16-byte chunks XOR row % 8); an mbarrier per stage says when a tile has landed.
+// Paged K/V: one TMA box per page of the tile (a page id outside the pool points the box past the pool, which TMA
+// fills with zeros); contiguous K/V: one box per tile. Keys past the sequence that a box brings in are masked in
+// the softmax, and their V rows are zeroed in shared memory (0 * NaN would reach O).
 //   S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (both K-major),
 //   O += P V    wgmma m64nDk16,   A = P from registers (the S accumulators rounded to T), B = V from shared
 //               memory, MN-major (the same layout as K, read transposed).
@@ -15,6 +19,9 @@
 // Compiled only for sm_90a (wgmma does not exist elsewhere); the host launches it only on compute capability
 // 9.0, and other GPUs run attention_kernel.
 #pragma once
+
+#include <cuda.h>  // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <cstdlib>
 #include <type_traits>
@@ -49,13 +56,64 @@ struct Sm90Config {
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKvTileBytes = kBlockN * D * 2;  // one of K or V
   static constexpr int kChunksPerRow = D / 8;
-  static constexpr int kRowStep = kThreads / kChunksPerRow;
-  static constexpr int kPasses = kBlockN / kRowStep;
-  static constexpr int kValidInts = kBlockN + kRowStep;
-  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kKvTileBytes + kStages * kValidInts * 4;
+  // Q, the K/V ring, then per stage a 128-bit mask of the tile's present keys and an mbarrier.
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kKvTileBytes + kStages * 16 + kStages * 8;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // the base is rounded up to 1024 bytes
   static_assert(D == 64 || D == 128, "head dim");
 };
+
+// The TMA descriptors of a call's K/V (a __grid_constant__ kernel parameter). Paged: one descriptor over the whole
+// pool [NB, 2 * L, P, Hkv, D] (K at layer l, V at L + l), boxes of min(P, 128) key rows x 64 columns. Contiguous:
+// K and V as [rows, Hkv, D], boxes of 128 key rows x 64 columns.
+struct Sm90Kv {
+  CUtensorMap k;
+  CUtensorMap v;
+  int box_rows;
+};
+
+// Host: fills `kv` for the call, or returns false (then the mma.sync kernel serves it): paged pages must be a power
+// of two of at least 8 slots (whole 1024-byte swizzle atoms per box), and the driver must offer the encoder.
+template <typename T, int D>
+bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  const CUtensorMapDataType dt =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t row = static_cast<cuuint64_t>(a.Hkv) * D * 2;  // bytes of one key row (all kv heads)
+  const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+  auto enc = [&](CUtensorMap* m, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                 const cuuint32_t* box) {
+    return encode(m, dt, rank, const_cast<void*>(base), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  if (a.kv_mode == kKvPaged) {
+    if (a.page_shift < 3 || a.num_blocks < 1 || a.num_layers < 1) return false;
+    kv->box_rows = a.page_size < 128 ? a.page_size : 128;
+    const cuuint64_t dims[5] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
+                                static_cast<cuuint64_t>(a.page_size), 2 * static_cast<cuuint64_t>(a.num_layers),
+                                static_cast<cuuint64_t>(a.num_blocks)};
+    const cuuint64_t strides[4] = {D * 2, row, row * a.page_size, row * a.page_size * 2 * a.num_layers};
+    const cuuint32_t box[5] = {64, 1, static_cast<cuuint32_t>(kv->box_rows), 1, 1};
+    return enc(&kv->k, a.kv_blocks, 5, dims, strides, box) && enc(&kv->v, a.kv_blocks, 5, dims, strides, box);
+  }
+  const int64_t rows = a.kv_mode == kKvPadded ? static_cast<int64_t>(a.batch) * a.total_keys : a.total_keys;
+  if (rows < 1) return false;
+  kv->box_rows = 128;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {D * 2, row};
+  const cuuint32_t box[3] = {64, 1, 128};
+  return enc(&kv->k, a.k, 3, dims, strides, box) && enc(&kv->v, a.v, 3, dims, strides, box);
+}
 
 // Byte offset of 16-byte chunk `ch` of row `r` in a [D/64][ROWS][64] tile with the 128-byte swizzle.
 template <int ROWS>
@@ -80,6 +138,38 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], "
+      "[%7];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+      : "memory");
+}
 // Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
 template <int N>
 __device__ __forceinline__ void fence_regs(float* r) {
@@ -233,7 +323,7 @@ __device__ __forceinline__ void wg_rescale_and_pack(float* o, const float* s, ui
 #endif
 
 template <typename T, int D>
-__global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm) {
 #if defined(MSA_OPS_SM90_WGMMA)
   using Cfg = Sm90Config<T, D>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, STAGES = Cfg::kStages;
@@ -246,7 +336,8 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   unsigned char* sbase = smem_raw + pad;
   const uint32_t sQ = raw_addr + pad;
   const uint32_t sKV = sQ + Cfg::kQBytes;  // stage s: K at sKV + 2 s kKvTileBytes, V kKvTileBytes after it
-  int* sValid = reinterpret_cast<int*>(sbase + Cfg::kQBytes + STAGES * 2 * Cfg::kKvTileBytes);
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + Cfg::kQBytes + STAGES * 2 * Cfg::kKvTileBytes);
+  const uint32_t sBar = smem_addr(sMask + STAGES * 4);  // stage s's mbarrier at sBar + 8 s
 
   const SeqTile st = locate_tile<BM>(a, static_cast<int>(gridDim.x - 1 - blockIdx.x));  // heaviest first
   if (st.b < 0) return;
@@ -265,8 +356,13 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   const int64_t k_lo = tk.k_lo, k_hi = tk.k_hi;
   const int tile_first = tk.tile_first, num_tiles = tk.num_tiles;
 
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i) mbar_init(sBar + 8 * i, 1);
+    mbar_init_fence();
+  }
   // ---- Q (zero rows past the sequence) into the swizzled [D/64][BM][64] tile
-  constexpr int CPR = Cfg::kChunksPerRow, RSTEP = Cfg::kRowStep, NPASS = Cfg::kPasses;
+  constexpr int CPR = Cfg::kChunksPerRow;
   for (int c = tid; c < BM * CPR; c += Cfg::kThreads) {
     const int r = c / CPR, ch = c % CPR;
     const int pr = st.row0 + r;
@@ -278,79 +374,75 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     }
     *reinterpret_cast<uint4*>(sbase + sw128_offset<BM>(r, ch)) = val;
   }
+  __syncthreads();  // the mbarriers are initialized before anyone waits on them
 
-  // ---- K/V tile loader (attention_kernel's, into the wgmma layout): each thread moves one 16-byte chunk of
-  // NPASS key rows per tile; one page-table read per key row, shuffled to the row's chunk threads.
-  const int my_row = tid / CPR, my_ch = tid % CPR;
+  // ---- K/V tiles by TMA, issued by lane 0 of warp 0. Paged: box i of a tile holds key rows [i rb, (i+1) rb),
+  // one page each; the page ids are fetched a tile ahead by lanes 0..nbox-1 of warp 0.
+  const bool paged = a.kv_mode == kKvPaged;
   const int32_t* lut_row = nullptr;
   int layer = 0;
   bool layer_ok = true;
-  if (a.kv_mode == kKvPaged) {
+  if (paged) {
     lut_row = a.lookup + static_cast<int64_t>(st.b) * a.max_pages;
     layer = *a.layer_ptr;
     layer_ok = layer >= 0 && layer < a.num_layers;
+    if (!layer_ok) layer = 0;  // every page then reads as missing
   }
-  const T* kvb = static_cast<const T*>(a.kv_blocks);
-  const T* kc = static_cast<const T*>(a.k);
-  const T* vc = static_cast<const T*>(a.v);
-  const int64_t row_stride = static_cast<int64_t>(a.Hkv) * D;
-  const int64_t kv_half = static_cast<int64_t>(a.num_layers) * a.page_size * row_stride;
-  const int64_t page_stride = 2 * kv_half;
-  const int64_t head_off = static_cast<int64_t>(layer) * a.page_size * row_stride + hkv * D + my_ch * 8;
   const int kmax = static_cast<int>(st.kmax);
-  // Paged: lane l of a warp reads the page of one of the key rows the warp loads (kRowsPerWarp per pass);
-  // fetched one tile ahead so the page-table latency hides under a tile of compute.
-  constexpr int kRowsPerWarp = 32 / CPR;
-  static_assert(NPASS * kRowsPerWarp <= 32, "one lane per key row of the warp");
-  const int warp_row0_l = (tid / 32) * kRowsPerWarp;
-  auto fetch_page = [&](int tile) {
+  const int rb = kvm.box_rows;
+  const int nbox = BN / rb;
+  auto fetch_page = [&](int tile) {  // warp 0: lane i < nbox gets box i's page of `tile`, or -1
     int page = -1;
-    const int r_local = lane % kRowsPerWarp, pass = lane / kRowsPerWarp;
-    if (a.kv_mode == kKvPaged && pass < NPASS) {
-      const int key = tile * BN + warp_row0_l + r_local + pass * RSTEP;
-      const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
-      const int32_t p = (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1;
+    if (paged && lane < nbox) {
+      const int key = tile * BN + lane * rb;
+      const int32_t p = (key < kmax && layer_ok) ? __ldg(lut_row + (key >> a.page_shift)) : -1;
       page = (p >= 0 && p < a.num_blocks) ? p : -1;
     }
     return page;
   };
-  auto load_tile = [&](int tile, int stage, int my_page) {
+  auto issue_tile = [&](int tile, int stage, int my_page) {  // warp 0
+    const uint32_t bar = sBar + 8 * stage;
     const uint32_t sK = sKV + stage * 2 * Cfg::kKvTileBytes;
     const uint32_t sV = sK + Cfg::kKvTileBytes;
-    int* valid = sValid + stage * Cfg::kValidInts;
-    const int key0 = tile * BN + my_row;
-    const int64_t cbase = static_cast<int64_t>(st.kv_base) * row_stride + hkv * D + my_ch * 8;
-    int count = 0;
+    const int key0 = tile * BN;
 #pragma unroll
-    for (int i = 0; i < NPASS; ++i) {
-      const int key = key0 + i * RSTEP;
-      const uint32_t off = sw128_offset<BN>(my_row + i * RSTEP, my_ch);
-      bool ok;
-      if (a.kv_mode == kKvPaged) {
-        const int pg = __shfl_sync(0xffffffff, my_page, (my_row - warp_row0_l) + i * kRowsPerWarp);
-        const int slot = a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
-        ok = pg >= 0;
-        const T* src = kvb + (ok ? static_cast<int64_t>(pg) * page_stride + head_off + slot * row_stride : 0);
-        cp_async16(sK + off, src, ok);
-        cp_async16(sV + off, src + kv_half, ok);
-      } else {
-        ok = key < kmax;
-        const int64_t e = ok ? cbase + key * row_stride : 0;
-        cp_async16(sK + off, kc + e, ok);
-        cp_async16(sV + off, vc + e, ok);
-      }
-      count += ok ? 1 : 0;
-      if (my_ch == 0) valid[my_row + i * RSTEP] = ok ? 1 : 0;
+    for (int w = 0; w < BN / 32; ++w) {  // which of the tile's keys exist
+      const int kl = w * 32 + lane;
+      bool ok = key0 + kl < kmax;
+      if (paged) ok = __shfl_sync(0xffffffff, my_page, kl / rb) >= 0 && ok;
+      const unsigned bits = __ballot_sync(0xffffffff, ok);
+      if (lane == 0) sMask[stage * 4 + w] = bits;
     }
-    if (my_ch == 0) valid[BN + my_row] = count;
+    if (lane == 0) mbar_expect_tx(bar, 2 * Cfg::kKvTileBytes);
+    if (paged) {
+      const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
+      for (int i = 0; i < nbox; ++i) {
+        const int pg = __shfl_sync(0xffffffff, my_page, i);
+        if (lane == 0) {
+          const int blk = pg >= 0 ? pg : a.num_blocks;  // past the pool: TMA writes zeros
+#pragma unroll
+          for (int h = 0; h < D / 64; ++h) {
+            const uint32_t off = h * BN * 128 + i * rb * 128;
+            tma_load_5d(sK + off, &kvm.k, bar, h * 64, hkv, slot, layer, blk);
+            tma_load_5d(sV + off, &kvm.v, bar, h * 64, hkv, slot, a.num_layers + layer, blk);
+          }
+        }
+      }
+    } else if (lane == 0) {
+      const int row0 = st.kv_base + key0;  // rows past the tensor: zeros
+#pragma unroll
+      for (int h = 0; h < D / 64; ++h) {
+        tma_load_3d(sK + h * BN * 128, &kvm.k, bar, h * 64, hkv, row0);
+        tma_load_3d(sV + h * BN * 128, &kvm.v, bar, h * 64, hkv, row0);
+      }
+    }
   };
 
-  int page_next = 0;
-  if (num_tiles > 0) {
-    load_tile(tile_first, 0, fetch_page(tile_first));
+  int page_next = -1;
+  if (num_tiles > 0 && tid < 32) {
+    issue_tile(tile_first, 0, fetch_page(tile_first));
     page_next = fetch_page(tile_first + 1);
   }
-  cp_async_commit();
 
   // Per-thread state: rows warp_row0 + lane/4 and + 8.
   float o[ND * 4];
@@ -386,30 +478,39 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   uint32_t pf[BN / 16][4];
   float corr[2];
   auto stage_k = [&](int it) { return sKV + (it % STAGES) * 2 * Cfg::kKvTileBytes; };
-  auto tile_ready = [&]() {  // the one cp.async group in flight (tile it) has landed, for every thread
-    cp_async_wait<0>();
-    fence_proxy_async();  // this thread's cp.async / Q stores are read next by the tensor cores
+  auto tile_ready = [&](int it) {  // tile it has landed, and every warp is done with iteration it - 1
+    mbar_wait(sBar + 8 * (it % STAGES), (it / STAGES) & 1);
+    fence_proxy_async();  // this thread's Q stores and V zeroing are read next by the tensor cores
     __syncthreads();
   };
-  // Tile it+1 starts loading. Issued before iteration it's MMAs: on the H200 that measured 5% faster than after
-  // them (381 against 361 TFLOP/s at S=8k).
+  // Tile it+1 starts loading (into the stage tile it-2 used). Issued before iteration it's MMAs: with the
+  // cp.async loader that measured 5% faster on the H200 than after them (381 against 361 TFLOP/s at S=8k).
   auto load_next = [&](int it) {
-    if (it + 1 < num_tiles) {
-      load_tile(tile_first + it + 1, (it + 1) % STAGES, page_next);
+    if (tid < 32 && it + 1 < num_tiles) {
+      issue_tile(tile_first + it + 1, (it + 1) % STAGES, page_next);
       page_next = fetch_page(tile_first + it + 2);
     }
-    cp_async_commit();
+  };
+  // V rows of keys past the sequence that tile it's boxes brought in (the sequence's last tile): zero.
+  auto zero_tail = [&](int it) {
+    const int r0 = kmax - (tile_first + it) * BN;
+    if (r0 < BN) {
+      unsigned char* v_tile = sbase + Cfg::kQBytes + (it % STAGES) * 2 * Cfg::kKvTileBytes + Cfg::kKvTileBytes;
+      for (int c = tid; c < (BN - r0) * CPR; c += Cfg::kThreads)
+        *reinterpret_cast<uint4*>(v_tile + sw128_offset<BN>(r0 + c / CPR, c % CPR)) = make_uint4(0, 0, 0, 0);
+    }
   };
   auto issue_qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, stage_k(it)); };
   auto issue_pv = [&](int it) { wg_pv<T, BN, D>(o, pf, stage_k(it) + Cfg::kKvTileBytes); };
   // Online softmax of tile `it` in log2 units (attention_kernel's); the exponentials stay in s.
   auto softmax = [&](int it) {
-    const int* valid = sValid + (it % STAGES) * Cfg::kValidInts;
-    const int tile_key0 = (tile_first + it) * BN;
-    int present = 0;
+    const uint32_t* vm = sMask + (it % STAGES) * 4;
+    uint32_t present[BN / 32];
 #pragma unroll
-    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
-    const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+    for (int w = 0; w < BN / 32; ++w) present[w] = vm[w];
+    const int tile_key0 = (tile_first + it) * BN;
+    const bool all = (present[0] & present[1] & present[2] & present[3]) == 0xffffffffu;
+    const bool full = sl2 > 0.f && all && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
     float m_new[2] = {m_run[0], m_run[1]};
     if (full) {
       wg_raw_max<NS>(s, m_new, sl2);
@@ -421,7 +522,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
           const int i = e / 2;
           const int kl = j * 8 + (lane % 4) * 2 + (e % 2);
           const int key = tile_key0 + kl;
-          const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
+          const bool vis = key >= row_lo[i] && key < row_hi[i] && ((present[j / 4] >> (kl % 32)) & 1u);
           s[j * 4 + e] = vis ? s[j * 4 + e] * sl2 : -INFINITY;
           m_new[i] = fmaxf(m_new[i], s[j * 4 + e]);
         }
@@ -432,8 +533,9 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   auto rescale_and_pack = [&]() { wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr); };
 
   if (num_tiles > 0) {
-    tile_ready();
+    tile_ready(0);
     load_next(0);
+    zero_tail(0);
     wgmma_fence();
     issue_qk(0);
     wgmma_wait<0>();
@@ -441,8 +543,9 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     softmax(0);
     rescale_and_pack();
     for (int it = 1; it < num_tiles; ++it) {
-      tile_ready();
+      tile_ready(it);
       load_next(it);
+      zero_tail(it);
       fence_regs<ND * 4>(o);
       wgmma_fence();
       issue_qk(it);
@@ -454,13 +557,14 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
       fence_regs<ND * 4>(o);
       rescale_and_pack();
     }
+    fence_proxy_async();  // the last tile's zeroed V rows, for every warp's P V
+    __syncthreads();
     fence_regs<ND * 4>(o);
     wgmma_fence();
     issue_pv(num_tiles - 1);
     wgmma_wait<0>();
     fence_regs<ND * 4>(o);
   }
-  cp_async_wait<0>();
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {

@@ -47,11 +47,12 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
   const dim3 grid(grid_x, a.Hkv, a.num_partitions > 1 ? a.num_partitions : 1);
   bool launched = false;
   if constexpr (BM == Sm90Config<T, D>::kBlockM) {
-    if (grid_x > 0 && use_wgmma()) {
+    Sm90Kv kv;  // the TMA descriptors; without them (page size, driver) the mma.sync kernel serves the call
+    if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv)) {
       using C90 = Sm90Config<T, D>;
       auto kernel = attention_sm90_kernel<T, D>;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C90::kSmemAlloc);
-      kernel<<<grid, C90::kThreads, C90::kSmemAlloc, stream>>>(a);
+      kernel<<<grid, C90::kThreads, C90::kSmemAlloc, stream>>>(a, kv);
       if (Error e = check_launch(target); e.failure()) return e;
       launched = true;
     }
