@@ -477,12 +477,14 @@ template <typename KV>
 Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   using S = MsaSmem<KV>;
   const AttentionArgs a = as_attention(m);
-  const bool prefill = m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m);
+  Sm90Kv kv;  // the TMA descriptors of the pool (without them the per-token kernel serves the call)
+  const bool prefill = m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m) &&
+                       make_sm90_kv<__nv_bfloat16, kD>(a, &kv);
   if (prefill) {
     auto kernel = msa_prefill_sm90_kernel;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);
     const int grid_x = static_cast<int>(m.B + ceil_div(static_cast<int64_t>(m.T) * m.group, MsaPrefillSm90::kBlockM));
-    kernel<<<dim3(grid_x, m.Hkv), MsaPrefillSm90::kThreads, MsaPrefillSm90::kSmemAlloc, stream>>>(a, m.d_indices,
+    kernel<<<dim3(grid_x, m.Hkv), MsaPrefillSm90::kThreads, MsaPrefillSm90::kSmemAlloc, stream>>>(a, kv, m.d_indices,
                                                                                                   m.topk);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": prefill kernel launch failed: " + cudaGetErrorString(e));

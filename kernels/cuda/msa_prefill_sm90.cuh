@@ -14,9 +14,11 @@
 // visible to a row when the row's token selected its block, key <= the token's position and key < the keys of
 // the sequence. Duplicate ids merge in the bitmap. The union is processed in chunks of kChunk blocks (the
 // pipeline drains between chunks), so any topk and selection pattern is served in bounded shared memory.
-// K and V have separate two-stage rings: K of block j+1 and V of block j are loaded during iteration j, each one
+// K and V have separate two-stage rings that TMA fills (one thread issues a block's K or V as two 64-column boxes
+// of the page, an mbarrier per stage): K of block j+1 and V of block j are loaded during iteration j, each one
 // iteration ahead of its use, in 128 KB. (The dense kernel's joint three-stage ring loads V a further iteration
-// ahead and measured faster there, but its 192 KB leave no room for the planning.)
+// ahead, but its 192 KB leave no room for the planning.) V rows past the sequence's keys are zeroed in shared
+// memory once they land: whatever a page holds there (even NaN) must not reach O through a 0 * V product.
 //
 // No split-K (the grid is the query tiles x kv heads). bf16 only; fp8 prefill runs on the per-token kernel.
 #pragma once
@@ -47,13 +49,15 @@ struct MsaPrefillSm90 {
   static constexpr int kEntCache = 4096;  // (token, slot) entries whose checked id and page stay in shared memory
   static constexpr int kOffEntPage = kOffMisc + 8 * 4;
   static constexpr int kOffEntId = kOffEntPage + kEntCache * 4;
-  static constexpr int kSmemBytes = kOffEntId + kEntCache * 2;
+  static constexpr int kOffBar = kOffEntId + kEntCache * 2;  // mbarriers: K stages 0, 1, V stages 0, 1
+  static constexpr int kSmemBytes = kOffBar + 4 * 8;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // the base is rounded up to 1024 bytes
 };
 
 // a: the MSA call as a paged ragged attention (page_size 128, num_partitions 1, no sink), d_idx: [Hkv, T, topk].
 __global__ void __launch_bounds__(256, 1)
-    msa_prefill_sm90_kernel(const AttentionArgs a, const int32_t* __restrict__ d_idx, int topk) {
+    msa_prefill_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm, const int32_t* __restrict__ d_idx,
+                            int topk) {
 #if defined(MSA_OPS_SM90_WGMMA)
   using T = __nv_bfloat16;
   using C = MsaPrefillSm90;
@@ -86,6 +90,12 @@ __global__ void __launch_bounds__(256, 1)
   const int ntok = (row_end - 1) / group - tok0 + 1;  // <= 128
   const int kmax = static_cast<int>(st.kmax);
   const T* q = static_cast<const T*>(a.q);
+  const uint32_t sBar = sQ + C::kOffBar;
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mbar_init(sBar + 8 * i, 1);
+    mbar_init_fence();  // visible to every thread at the planning's first barrier
+  }
 
   // ---- Q (zero rows past the sequence), swizzled [D/64][BM][64]; asynchronous, it lands under the planning
   for (int c = tid; c < BM * (D / 8); c += C::kThreads) {
@@ -168,23 +178,29 @@ __global__ void __launch_bounds__(256, 1)
     }
   }
 
-  // ---- K/V block loader: 16-byte chunks, NPASS key rows per thread, one page per block
-  constexpr int CPR = D / 8, RSTEP = C::kThreads / CPR, NPASS = BN / RSTEP;
-  const int my_row = tid / CPR, my_ch = tid % CPR;
-  const T* kvb = static_cast<const T*>(a.kv_blocks);
-  const int64_t row_stride = static_cast<int64_t>(a.Hkv) * D;
-  const int64_t kv_half = static_cast<int64_t>(a.num_layers) * BN * row_stride;
-  const int64_t head_off = static_cast<int64_t>(layer_ok ? layer : 0) * BN * row_stride + hkv * D + my_ch * 8;
+  // ---- K/V block loader: thread 0 issues a union block's K or V (two 64-column boxes of its page) by TMA. Union
+  // block g (its rank in the union) uses stage g & 1 of each ring, and completes that stage's mbarrier phase g >> 1.
+  const int layer_c = layer_ok ? layer : 0;
   const uint32_t sK0 = sQ + C::kOffK, sV0 = sQ + C::kOffV;
-  // Slots at or past the sequence's keys are zero-filled, not read: whatever a page holds there (even NaN) must not
-  // reach O through a 0 * V product.
-  auto load_half = [&](int j, uint32_t dst, int64_t half_off) {  // K (half_off 0) or V of union block j
-    const T* src = kvb + static_cast<int64_t>(sPages[j]) * 2 * kv_half + half_off + head_off;
-    const int n_exist = kmax - sIds[j] * BN;  // > 0: the block has a key < kmax
+  auto issue_half = [&](int j, int g, bool v) {  // block j of the chunk, union rank g
+    if (tid != 0) return;
+    const uint32_t bar = sBar + 8 * ((v ? 2 : 0) + (g & 1));
+    const uint32_t dst = (v ? sV0 : sK0) + (g & 1) * C::kTileBytes;
+    mbar_expect_tx(bar, C::kTileBytes);
 #pragma unroll
-    for (int i = 0; i < NPASS; ++i) {
-      const int r = my_row + i * RSTEP;
-      cp_async16(dst + sw128_offset<BN>(r, my_ch), src + r * row_stride, r < n_exist);
+    for (int h = 0; h < D / 64; ++h)
+      tma_load_5d(dst + h * BN * 128, v ? &kvm.v : &kvm.k, bar, h * 64, hkv, 0, (v ? a.num_layers : 0) + layer_c,
+                  sPages[j]);
+  };
+  auto wait_k = [&](int g) { mbar_wait(sBar + 8 * (g & 1), (g >> 1) & 1); };
+  auto wait_v = [&](int j, int g) {  // V of block j landed; its rows past the sequence's keys are zeroed
+    mbar_wait(sBar + 8 * (2 + (g & 1)), (g >> 1) & 1);
+    const int n_exist = kmax - sIds[j] * BN;  // > 0: the block has a key < kmax
+    if (n_exist < BN) {
+      unsigned char* v_tile = sbase + C::kOffV + (g & 1) * C::kTileBytes;
+      for (int c = tid; c < (BN - n_exist) * (D / 8); c += C::kThreads)
+        *reinterpret_cast<uint4*>(v_tile + sw128_offset<BN>(n_exist + c / (D / 8), c % (D / 8))) =
+            make_uint4(0, 0, 0, 0);
     }
   };
 
@@ -198,13 +214,13 @@ __global__ void __launch_bounds__(256, 1)
   const float sl2 = a.scale_log2;
   const uint32_t q_wg = sQ + wg * 64 * 128;
 
-  auto tile_ready = [&]() {
-    cp_async_wait<0>();
+  auto tile_ready = [&]() {  // after the waits: every thread's generic stores are in, for the tensor cores
+    cp_async_wait<0>();      // Q
     fence_proxy_async();
     __syncthreads();
   };
-  auto issue_qk = [&](int j) { wg_qk<T, BM, BN, D>(s, q_wg, sK0 + (j & 1) * C::kTileBytes); };
-  auto issue_pv = [&](int j) { wg_pv<T, BN, D>(o, pf, sV0 + (j & 1) * C::kTileBytes); };
+  auto issue_qk = [&](int g) { wg_qk<T, BM, BN, D>(s, q_wg, sK0 + (g & 1) * C::kTileBytes); };
+  auto issue_pv = [&](int g) { wg_pv<T, BN, D>(o, pf, sV0 + (g & 1) * C::kTileBytes); };
   // The online softmax of union block j: a row sees the block's keys if its token selected the block, up to
   // its bound (key <= position, key < the sequence's keys).
   auto softmax = [&](int j) {
@@ -254,26 +270,27 @@ __global__ void __launch_bounds__(256, 1)
 
     // ---- the pipeline over the chunk's n blocks: K_{j+1} and V_j load during iteration j >= 1; K_0, K_1 and V_0
     // load together before iteration 0, so iteration 1 does not wait on loads issued just before it.
-    load_half(0, sK0, 0);
-    if (n > 1) load_half(1, sK0 + C::kTileBytes, 0);
-    load_half(0, sV0, kv_half);
-    cp_async_commit();
+    issue_half(0, c0, false);
+    if (n > 1) issue_half(1, c0 + 1, false);
+    issue_half(0, c0, true);
+    wait_k(c0);
     tile_ready();
     wgmma_fence();
-    issue_qk(0);
+    issue_qk(c0);
     wgmma_wait<0>();
     fence_regs<NS * 4>(s);
     softmax(0);
     rescale_and_pack();
     for (int j = 1; j < n; ++j) {
+      wait_k(c0 + j);
+      wait_v(j - 1, c0 + j - 1);
       tile_ready();
-      if (j + 1 < n) load_half(j + 1, sK0 + ((j + 1) & 1) * C::kTileBytes, 0);
-      load_half(j, sV0 + (j & 1) * C::kTileBytes, kv_half);
-      cp_async_commit();
+      if (j + 1 < n) issue_half(j + 1, c0 + j + 1, false);
+      issue_half(j, c0 + j, true);
       fence_regs<ND * 4>(o);
       wgmma_fence();
-      issue_qk(j);
-      issue_pv(j - 1);
+      issue_qk(c0 + j);
+      issue_pv(c0 + j - 1);
       wgmma_wait<1>();
       fence_regs<NS * 4>(s);
       softmax(j);
@@ -281,10 +298,11 @@ __global__ void __launch_bounds__(256, 1)
       fence_regs<ND * 4>(o);
       rescale_and_pack();
     }
+    wait_v(n - 1, c0 + n - 1);
     tile_ready();
     fence_regs<ND * 4>(o);
     wgmma_fence();
-    issue_pv(n - 1);
+    issue_pv(c0 + n - 1);
     wgmma_wait<0>();
     fence_regs<ND * 4>(o);
     __syncthreads();  // every warpgroup is done with the chunk's blocks and masks
