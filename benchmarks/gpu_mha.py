@@ -27,12 +27,15 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+IDENTITY_PAGES = False  # --identity-pages: pages in key order (a diagnostic of the page-scatter cost)
+
+
 def paged_from_contiguous(k, v, page, rng):
     """k, v [B, L, Hkv, D] -> kv_blocks [NB, 2, 1, page, Hkv, D] with shuffled pages, lut [B, MP]."""
     b, l, hkv, d = k.shape
     mp = -(-l // page)
     nb = b * mp
-    perm = jnp.asarray(rng.permutation(nb), jnp.int32)
+    perm = jnp.asarray(np.arange(nb) if IDENTITY_PAGES else rng.permutation(nb), jnp.int32)
     pad = mp * page - l
     kp = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * mp, page, hkv, d)
     vp = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * mp, page, hkv, d)
@@ -159,7 +162,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
     ap.add_argument("--only", choices=["decode", "prefill"], default=None)
+    ap.add_argument("--identity-pages", action="store_true", help="page j of sequence b is pool page b * MP + j")
     a = ap.parse_args()
+    global IDENTITY_PAGES
+    IDENTITY_PAGES = a.identity_pages
     rng = np.random.default_rng(0)
     rows, results = [], {}
     dev = jax.devices()[0]
