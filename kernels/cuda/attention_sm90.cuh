@@ -23,6 +23,7 @@
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include <cstdint>
 #include <cstdlib>
 #include <type_traits>
 
@@ -103,10 +104,12 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv) {
                                 static_cast<cuuint64_t>(a.num_blocks)};
     const cuuint64_t strides[4] = {D * 2, row, row * a.page_size, row * a.page_size * 2 * a.num_layers};
     const cuuint32_t box[5] = {64, 1, static_cast<cuuint32_t>(kv->box_rows), 1, 1};
-    return enc(&kv->k, a.kv_blocks, 5, dims, strides, box) && enc(&kv->v, a.kv_blocks, 5, dims, strides, box);
+    if (!enc(&kv->k, a.kv_blocks, 5, dims, strides, box)) return false;
+    kv->v = kv->k;  // one pool: V is the layer coordinate L + l
+    return true;
   }
   const int64_t rows = a.kv_mode == kKvPadded ? static_cast<int64_t>(a.batch) * a.total_keys : a.total_keys;
-  if (rows < 1) return false;
+  if (rows < 1 || rows > INT32_MAX) return false;  // TMA coordinates are signed 32-bit
   kv->box_rows = 128;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
                               static_cast<cuuint64_t>(rows)};

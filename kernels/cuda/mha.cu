@@ -84,6 +84,13 @@ Error dispatch(cudaStream_t stream, DataType dt, int d, int bm, const AttentionA
   return invalid(target, "no CUDA kernel for dtype/head_dim " + std::to_string(d) + " (supported: bf16/f16, 64/128)");
 }
 
+bool same_shape(const AnyBuffer& x, const AnyBuffer& y) {
+  if (rank(x) != rank(y)) return false;
+  for (int64_t i = 0; i < rank(x); ++i)
+    if (dim(x, i) != dim(y, i)) return false;
+  return true;
+}
+
 bool supported(DataType dt, int64_t d) {
   return (dt == DataType::BF16 || dt == DataType::F16) && (d == 64 || d == 128);
 }
@@ -153,7 +160,8 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   if (Error e = check_attrs(target, mask, window); e.failure()) return e;
   const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(kv, 4);
   if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
-  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(kv, 5) != D || dim(lut, 0) != B) return invalid(target, "bad shapes");
+  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(kv, 1) != 2 || dim(kv, 5) != D || dim(lut, 0) != B)
+    return invalid(target, "bad shapes");
   if (dim(lut, 1) * dim(kv, 3) >= (int64_t{1} << 31)) return invalid(target, "max_pages * page_size must be < 2^31");
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
@@ -178,7 +186,8 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   if (Error e = check_attrs(target, mask, window); e.failure()) return e;
   const int64_t B = dim(q, 0), S = dim(q, 1), H = dim(q, 2), D = dim(q, 3), Hkv = dim(kv, 4);
   if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
-  if (Hkv < 1 || H % Hkv != 0 || dim(kv, 5) != D || dim(lut, 0) != B) return invalid(target, "bad shapes");
+  if (Hkv < 1 || H % Hkv != 0 || dim(kv, 1) != 2 || dim(kv, 5) != D || dim(lut, 0) != B)
+    return invalid(target, "bad shapes");
   if (dim(lut, 1) * dim(kv, 3) >= (int64_t{1} << 31)) return invalid(target, "max_pages * page_size must be < 2^31");
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
@@ -201,7 +210,8 @@ Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   if (Error e = check_attrs(target, mask, window); e.failure()) return e;
   const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(k, 1);
   if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
-  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(k, 2) != D || dim(kv_offsets, 0) != B + 1)
+  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(k, 2) != D || dim(kv_offsets, 0) != B + 1 ||
+      !same_shape(v, k) || v.element_type() != k.element_type())
     return invalid(target, "bad shapes");
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, 1, 64);
@@ -226,7 +236,9 @@ Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   if (Error e = check_attrs(target, mask, window); e.failure()) return e;
   const int64_t B = dim(q, 0), S = dim(q, 1), H = dim(q, 2), D = dim(q, 3), Hkv = dim(k, 2);
   if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
-  if (Hkv < 1 || H % Hkv != 0 || dim(k, 3) != D || dim(k, 0) != B) return invalid(target, "bad shapes");
+  if (Hkv < 1 || H % Hkv != 0 || dim(k, 3) != D || dim(k, 0) != B || !same_shape(v, k) ||
+      v.element_type() != k.element_type())
+    return invalid(target, "bad shapes");
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, 1, 64);
   a.out = out->untyped_data();

@@ -66,6 +66,12 @@ __device__ __forceinline__ int owner_of(const MsaArgs& a, int t, int64_t* eff_b,
 //         e4m3 too), P.V on the f16 m16n8k16 MMA with V widened in registers (e4m3 -> f16 is exact): ldmatrix
 //         .trans hands each lane two keys of one pair of adjacent columns, a byte permute splits the pair, and the
 //         even and odd columns run as two MMAs whose output columns are interleaved (col_of below).
+// Two e4m3 values (the low 16 bits) -> f16x2, the low byte in the low half (exact).
+__device__ __forceinline__ uint32_t pair_to_f16x2(uint32_t x) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
 template <typename KV>
 struct KvTraits;
 template <>
@@ -85,11 +91,24 @@ struct KvTraits<__nv_fp8_e4m3> {
   static constexpr int kBN = 128;
   using Pv = __half;
   static __device__ __forceinline__ void qk(float* c, const uint32_t* a, const uint32_t* b) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    // No e4m3 MMA before sm_89: the same 32 products as two f16 MMAs over widened fragments. A register holds 4
+    // consecutive k; its low and high pairs take the k16 MMA's (2t, 2t+1) and (2t+8, 2t+9) positions, the same
+    // permutation of k for both operands.
+    auto lo = [](uint32_t x) { return pair_to_f16x2(x & 0xffffu); };
+    auto hi = [](uint32_t x) { return pair_to_f16x2(x >> 16); };
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t af[4] = {lo(a[2 * h]), lo(a[2 * h + 1]), hi(a[2 * h]), hi(a[2 * h + 1])};
+      const uint32_t bf[2] = {lo(b[h]), hi(b[h])};
+      Mma<__half>::run(c, af, bf);
+    }
+#endif
   }
   // Tile j = 2 * chunk + parity covers columns 16 * chunk + 2 * n + parity, n = 0..7.
   static __device__ __forceinline__ int col_of(int j, int lane, int e) {
@@ -101,10 +120,8 @@ struct KvTraits<__nv_fp8_e4m3> {
 // ldmatrix .trans delivers them) -> f16x2 {a, b} of column 2c and of column 2c+1.
 __device__ __forceinline__ void widen_key_pair(uint32_t r, uint32_t* even, uint32_t* odd) {
   const uint32_t x = __byte_perm(r, 0, 0x3120);  // bytes: a.2c, b.2c, a.2c+1, b.2c+1
-  const __half2_raw e = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
-  const __half2_raw o = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x >> 16), __NV_E4M3);
-  *even = static_cast<uint32_t>(e.x) | (static_cast<uint32_t>(e.y) << 16);
-  *odd = static_cast<uint32_t>(o.x) | (static_cast<uint32_t>(o.y) << 16);
+  *even = pair_to_f16x2(x & 0xffffu);
+  *odd = pair_to_f16x2(x >> 16);
 }
 
 // Byte offset of 16-byte chunk ch of row r in a tile of kRowBytes rows, XOR-swizzled for ldmatrix.
@@ -479,7 +496,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   const AttentionArgs a = as_attention(m);
   Sm90Kv kv;  // the TMA descriptors of the pool (without them the per-token kernel serves the call)
   const bool prefill = m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m) &&
-                       make_sm90_kv<__nv_bfloat16, kD>(a, &kv);
+                       make_sm90_kv<__nv_bfloat16, kD>(a, &kv) && kv.box_rows == kBlock;
   if (prefill) {
     auto kernel = msa_prefill_sm90_kernel;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);
@@ -525,7 +542,8 @@ Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffe
   if (dt != kv.element_type() || (dt != DataType::BF16 && dt != DataType::F8E4M3FN))
     return invalid(target, "q and kv_blocks must both be bf16 or both float8_e4m3fn");
   if (D != kD || dim(kv, 3) != kBlock || dim(kv, 5) != kD) return invalid(target, "MSA needs head_dim 128, page 128");
-  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(lut, 0) != B || dim(d_indices, 0) != Hkv || dim(d_indices, 1) != T)
+  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(kv, 1) != 2 || dim(lut, 0) != B || dim(d_indices, 0) != Hkv ||
+      dim(d_indices, 1) != T)
     return invalid(target, "bad shapes");
   const int64_t topk = dim(d_indices, 2);
   if (topk > kMaxTopk) return invalid(target, "topk above " + std::to_string(kMaxTopk) + " is not supported on CUDA");
