@@ -147,6 +147,12 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
+// One thread: n mbarriers at bar0, bar0 + 8, ..., one arrival each (the expect_tx), made visible to the async proxy.
+__device__ __forceinline__ void mbar_init_stages(uint32_t bar0, int n) {
+#pragma unroll
+  for (int i = 0; i < n; ++i) mbar_init(bar0 + 8 * i, 1);
+  mbar_init_fence();
+}
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -323,6 +329,34 @@ __device__ __forceinline__ void wg_rescale_and_pack(float* o, const float* s, ui
     pf[j / 2][(j % 2) * 2 + 1] = Mma<T>::pack(s[j * 4 + 2], s[j * 4 + 3]);
   }
 }
+
+// Zeroes key rows [r0, BN) of a swizzled [D/64][BN][64] tile (the swizzle only permutes a row's chunks, so whole
+// rows stay whole): the V rows of slots past a sequence's keys that a TMA box brought in. Every thread calls it.
+template <int BN, int D, int kThreads>
+__device__ __forceinline__ void zero_rows_sw128(unsigned char* tile, int r0, int tid) {
+  for (int c = tid; c < (BN - r0) * (D / 8); c += kThreads)
+    *reinterpret_cast<uint4*>(tile + sw128_offset<BN>(r0 + c / (D / 8), c % (D / 8))) = make_uint4(0, 0, 0, 0);
+}
+
+// The epilogue of a warp's two rows (warp_row0 + lane/4 and + 8 of the tile): the quad's row sums, then
+// attention_kernel's store_row (the output, or the partition's partial and log2-sum-exp).
+template <typename T, int D>
+__device__ __forceinline__ void wg_store_rows(const AttentionArgs& a, const SeqTile& st, int rows_seq, int warp_row0,
+                                              int hkv, int part, float* l_run, const float* m_run, const float* o,
+                                              int lane) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
+    if (pr >= rows_seq) continue;
+    store_row<T, D>(a, st.q_base + pr / a.group, hkv * a.group + pr % a.group, part, l_run[i], m_run[i], &o[i * 2],
+                    lane);
+  }
+}
 #endif
 
 template <typename T, int D>
@@ -359,11 +393,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   const int64_t k_lo = tk.k_lo, k_hi = tk.k_hi;
   const int tile_first = tk.tile_first, num_tiles = tk.num_tiles;
 
-  if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) mbar_init(sBar + 8 * i, 1);
-    mbar_init_fence();
-  }
+  if (tid == 0) mbar_init_stages(sBar, STAGES);
   // ---- Q (zero rows past the sequence) into the swizzled [D/64][BM][64] tile
   constexpr int CPR = Cfg::kChunksPerRow;
   for (int c = tid; c < BM * CPR; c += Cfg::kThreads) {
@@ -497,11 +527,9 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   // V rows of keys past the sequence that tile it's boxes brought in (the sequence's last tile): zero.
   auto zero_tail = [&](int it) {
     const int r0 = kmax - (tile_first + it) * BN;
-    if (r0 < BN) {
-      unsigned char* v_tile = sbase + Cfg::kQBytes + (it % STAGES) * 2 * Cfg::kKvTileBytes + Cfg::kKvTileBytes;
-      for (int c = tid; c < (BN - r0) * CPR; c += Cfg::kThreads)
-        *reinterpret_cast<uint4*>(v_tile + sw128_offset<BN>(r0 + c / CPR, c % CPR)) = make_uint4(0, 0, 0, 0);
-    }
+    if (r0 < BN)
+      zero_rows_sw128<BN, D, Cfg::kThreads>(
+          sbase + Cfg::kQBytes + (it % STAGES) * 2 * Cfg::kKvTileBytes + Cfg::kKvTileBytes, r0, tid);
   };
   auto issue_qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, stage_k(it)); };
   auto issue_pv = [&](int it) { wg_pv<T, BN, D>(o, pf, stage_k(it) + Cfg::kKvTileBytes); };
@@ -569,19 +597,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     fence_regs<ND * 4>(o);
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
-    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
-  }
-
-  // Epilogue (attention_kernel's store_row): final output, or the partition's partial and log2-sum-exp.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
-    if (pr >= rows_seq) continue;
-    store_row<T, D>(a, st.q_base + pr / group, hkv * group + pr % group, part, l_run[i], m_run[i], &o[i * 2], lane);
-  }
+  wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, part, l_run, m_run, o, lane);
 #else
   __trap();  // launched only on sm_90 (see launch_attention)
 #endif

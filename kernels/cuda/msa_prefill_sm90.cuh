@@ -91,11 +91,7 @@ __global__ void __launch_bounds__(256, 1)
   const int kmax = static_cast<int>(st.kmax);
   const T* q = static_cast<const T*>(a.q);
   const uint32_t sBar = sQ + C::kOffBar;
-  if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) mbar_init(sBar + 8 * i, 1);
-    mbar_init_fence();  // visible to every thread at the planning's first barrier
-  }
+  if (tid == 0) mbar_init_stages(sBar, 4);  // seen by every thread after the planning's first barrier
 
   // ---- Q (zero rows past the sequence), swizzled [D/64][BM][64]; asynchronous, it lands under the planning
   for (int c = tid; c < BM * (D / 8); c += C::kThreads) {
@@ -196,12 +192,7 @@ __global__ void __launch_bounds__(256, 1)
   auto wait_v = [&](int j, int g) {  // V of block j landed; its rows past the sequence's keys are zeroed
     mbar_wait(sBar + 8 * (2 + (g & 1)), (g >> 1) & 1);
     const int n_exist = kmax - sIds[j] * BN;  // > 0: the block has a key < kmax
-    if (n_exist < BN) {
-      unsigned char* v_tile = sbase + C::kOffV + (g & 1) * C::kTileBytes;
-      for (int c = tid; c < (BN - n_exist) * (D / 8); c += C::kThreads)
-        *reinterpret_cast<uint4*>(v_tile + sw128_offset<BN>(n_exist + c / (D / 8), c % (D / 8))) =
-            make_uint4(0, 0, 0, 0);
-    }
+    if (n_exist < BN) zero_rows_sw128<BN, D, C::kThreads>(sbase + C::kOffV + (g & 1) * C::kTileBytes, n_exist, tid);
   };
 
   float o[ND * 4];
@@ -309,17 +300,7 @@ __global__ void __launch_bounds__(256, 1)
   }
   cp_async_wait<0>();  // Q's copy, when no block was selected
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
-    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
-    if (pr >= rows_seq) continue;
-    store_row<T, D>(a, st.q_base + pr / group, hkv * group + pr % group, 0, l_run[i], m_run[i], &o[i * 2], lane);
-  }
+  wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, 0, l_run, m_run, o, lane);
 #else
   __trap();  // launched only on sm_90 (see msa.cu)
 #endif
