@@ -23,6 +23,16 @@ import msa_ops  # noqa: E402
 from msa_ops import _native  # noqa: E402
 
 
+def nan_past_keys(cache, cache_lens, ns, page, layer=1):
+    """A copy of the pool with NaN in each sequence's last page past its keys (in `layer`): slots a kernel may load
+    but must never let reach an output, not even as 0 * NaN."""
+    kv_blocks = np.array(cache.kv_blocks)
+    for b, (c, m) in enumerate(zip(cache_lens, ns)):
+        if (c + m) % page:
+            kv_blocks[cache.lut[b, (c + m) // page], :, layer, (c + m) % page:] = np.nan
+    return kv_blocks
+
+
 def test_cuda_library_loaded():
     assert _native.available("cuda"), _native.missing_reason("cuda")
     targets = set(_native.registered_targets("cuda"))
@@ -126,10 +136,7 @@ def test_cuda_mha_ragged_paged_matches_oracle(case):
                              max_pages=-(-512 // page), n_kv_heads=hkv, head_dim=d, dtype=case["dtype"])
     q = rand(rng, (batch.T, h, d), case["dtype"])
     sink = rand(rng, (h,), case["dtype"]) if case["sink"] else None
-    kv_blocks = np.array(cache.kv_blocks)
-    for b, (c, m) in enumerate(zip(batch.cache, batch.n)):  # NaN in the slots past each sequence's keys
-        if (c + m) % page:
-            kv_blocks[cache.lut[b, (c + m) // page], :, 1, (c + m) % page:] = np.nan
+    kv_blocks = nan_past_keys(cache, batch.cache, batch.n, page)
     args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache.lut, 1)
     kw = dict(mask_str=case["mask"], local_window_size=case["window"])
     got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=case["np_"],
@@ -171,10 +178,7 @@ def test_cuda_mha_128_row_tiles_match_oracle(case, kernel, monkeypatch):
                              max_pages=-(-s_max // page), n_kv_heads=hkv, head_dim=d, dtype=case["dtype"])
     q = rand(rng, (batch.T, h, d), case["dtype"])
     sink = rand(rng, (h,), case["dtype"]) if case["sink"] else None
-    kv_blocks = np.array(cache.kv_blocks)
-    for b, (c, m) in enumerate(zip(batch.cache, batch.n)):  # NaN in the slots past each sequence's keys
-        if (c + m) % page:
-            kv_blocks[cache.lut[b, (c + m) // page], :, 1, (c + m) % page:] = np.nan
+    kv_blocks = nan_past_keys(cache, batch.cache, batch.n, page)
     args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache.lut, 1)
     kw = dict(mask_str=case["mask"], local_window_size=case["window"])
     plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=case["np_"], max_prompt_length=1024, **kw)
@@ -425,10 +429,7 @@ def test_cuda_msa_prefill_kernel(case, monkeypatch):
                              n_kv_heads=hkv, head_dim=128, dtype=jnp.bfloat16)
     q = rand(rng, (batch.T, hkv * group, 128), jnp.bfloat16)
     ids = _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv)
-    kv_blocks = np.array(cache.kv_blocks)
-    for b, (c, m) in enumerate(zip(cache_len, n)):  # NaN in the slots past each sequence's keys: never read
-        if (c + m) % 128:
-            kv_blocks[cache.lut[b, (c + m) // 128], :, 1, (c + m) % 128:] = np.nan
+    kv_blocks = nan_past_keys(cache, cache_len, n, 128)
     args = (q, batch.offsets, None, kv_blocks, batch.cache_lengths, cache.lut, 1, ids)
     cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
     plan = msa_ops.plan("mo.msa.attention.ragged.paged", *args[:2], cro, *args[3:])
