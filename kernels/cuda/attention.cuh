@@ -396,7 +396,24 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   const int64_t page_stride = 2 * kv_half;
   const int64_t head_off = static_cast<int64_t>(layer) * a.page_size * row_stride + hkv * D + my_ch * 8;
   const int kmax = static_cast<int>(st.kmax);
-  auto load_tile = [&](int tile, int stage) {
+  // Paged: the warp's threads cover kRowsPerWarp distinct key rows over the passes; lane l looks up the page of
+  // one of them, and the others receive it by shuffle (one page-table read per key row, not per chunk). The
+  // entries of a tile are read one tile ahead (`fetch_pages`) and range-checked where load_tile uses them: a
+  // check right after the read would stall every warp on its latency before it issues the tile's copies.
+  constexpr int kRowsPerWarp = 32 / CPR;  // rows a warp covers in one pass
+  constexpr bool kShuffledPages = NPASS * kRowsPerWarp <= 32;
+  auto fetch_pages = [&](int tile) {
+    int32_t p = -1;
+    if (kShuffledPages && a.kv_mode == kKvPaged) {
+      const int lane_ = tid % 32;
+      const int r_local = lane_ % kRowsPerWarp, pass = lane_ / kRowsPerWarp;  // lane -> (row, pass)
+      const int key = tile * BN + (tid / 32) * kRowsPerWarp + r_local + pass * RSTEP;
+      if (pass < NPASS && key < kmax && layer_ok)
+        p = __ldg(lut_row + (a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size));
+    }
+    return p;
+  };
+  auto load_tile = [&](int tile, int stage, int32_t entry) {
     T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
     T* sV = sK + Cfg::kKvTileElems;
     int* valid = sValid + stage * (BN + RSTEP);
@@ -404,26 +421,13 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     int64_t src[NPASS];
     bool ok[NPASS];
     if (a.kv_mode == kKvPaged) {
-      // The warp's threads cover kRowsPerWarp distinct key rows over the passes; lane l looks up the page of
-      // one of them, and the others receive it by shuffle (one page-table read per key row, not per chunk).
-      constexpr int kRowsPerWarp = 32 / CPR;  // rows a warp covers in one pass
-      const int lane_ = tid % 32;
       const int warp_row0 = (tid / 32) * kRowsPerWarp;
-      int my_page = -1;
-      {
-        const int r_local = lane_ % kRowsPerWarp, pass = lane_ / kRowsPerWarp;  // lane -> (row, pass)
-        if (pass < NPASS) {
-          const int key = tile * BN + warp_row0 + r_local + pass * RSTEP;
-          const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
-          const int32_t p = (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1;
-          my_page = (p >= 0 && p < a.num_blocks) ? p : -1;
-        }
-      }
+      const int my_page = (entry >= 0 && entry < a.num_blocks) ? entry : -1;
 #pragma unroll
       for (int i = 0; i < NPASS; ++i) {
         const int key = key0 + i * RSTEP;
         int pg = my_page;
-        if (NPASS * kRowsPerWarp <= 32) {
+        if (kShuffledPages) {
           pg = __shfl_sync(0xffffffff, my_page, (my_row - warp_row0) + i * kRowsPerWarp);
         } else {  // more rows than lanes: look up directly
           const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
@@ -460,10 +464,14 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     if (my_ch == 0) valid[BN + my_row] = count;  // per-thread count of existing keys
   };
 
-  // Prologue: STAGES-1 tiles in flight.
+  // Prologue: STAGES-1 tiles in flight; `entry` holds the page-table entry of the next tile to load.
+  int32_t entry = fetch_pages(tile_first);
 #pragma unroll
   for (int st_ = 0; st_ < STAGES - 1; ++st_) {
-    if (st_ < num_tiles) load_tile(tile_first + st_, st_);
+    if (st_ < num_tiles) {
+      load_tile(tile_first + st_, st_, entry);
+      entry = fetch_pages(tile_first + st_ + 1);
+    }
     cp_async_commit();
   }
   __syncthreads();  // sQ visible
@@ -516,7 +524,10 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     // Issue the load STAGES-1 ahead, then wait for this tile.
     {
       const int nxt = it + STAGES - 1;
-      if (nxt < num_tiles) load_tile(tile_first + nxt, nxt % STAGES);
+      if (nxt < num_tiles) {
+        load_tile(tile_first + nxt, nxt % STAGES, entry);
+        entry = fetch_pages(tile_first + nxt + 1);
+      }
       cp_async_commit();
     }
     cp_async_wait<STAGES - 1>();
