@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# A/B of a kernel change in one call on the GPU machine: builds the CUDA library from the tree as it is (A) and
-# from a copy of kernels/ with the files of $AB_DIR laid over it (B), then runs one command against each build,
-# alternating A, B, A, B so that drift of the machine shows.
-#   usage (repo root):  AB_DIR=ab AB_CMD="python3 scripts/probe_paged_prefill.py" bash scripts/gpu_ab.sh
-# $AB_DIR mirrors kernels/ (e.g. ab/cuda/attention_sm90.cuh replaces kernels/cuda/attention_sm90.cuh); a variant
-# kept on a branch can be put there with `git show BRANCH:kernels/cuda/X > ab/cuda/X`.
+# A/B of kernel changes in one call on the GPU machine: builds the CUDA library from the tree as it is (A) and,
+# for each folder of $AB_DIR, from a copy of kernels/ with that folder's files laid over it (B, C, ...), then
+# runs one command against each build in turn, $ROUNDS times (A, B, ..., A, B, ...), so that all of them share the
+# machine and the run, and drift shows.
+#   usage (repo root):  AB_DIR="ab1 ab2" AB_CMD="python3 scripts/probe_paged_prefill.py" bash scripts/gpu_ab.sh
+# Each folder mirrors kernels/ (e.g. ab1/cuda/attention_sm90.cuh replaces kernels/cuda/attention_sm90.cuh); a
+# variant kept on a branch can be put there with `git show BRANCH:kernels/cuda/X > ab1/cuda/X`.
 set -uo pipefail
 PY=${PY:-python3}
-AB_DIR=${AB_DIR:?AB_DIR: the folder of replacement kernel files}
+AB_DIR=${AB_DIR:?AB_DIR: folders of replacement kernel files (space-separated)}
 AB_CMD=${AB_CMD:?AB_CMD: the command to run against each build}
 ROUNDS=${ROUNDS:-2}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -16,14 +17,20 @@ build() {  # build SRC_DIR BUILD_DIR
     -DCMAKE_BUILD_TYPE=Release > "$2.log" 2>&1 && cmake --build "$2" -j 16 >> "$2.log" 2>&1 \
     || { tail -n 30 "$2.log"; return 1; }
 }
-rm -rf /tmp/ab_src && cp -r kernels /tmp/ab_src && cp -r "$AB_DIR"/. /tmp/ab_src/
-build kernels /tmp/ab_build_a & pa=$!
-build /tmp/ab_src /tmp/ab_build_b & pb=$!
-wait $pa || exit 1
-wait $pb || exit 1
+names=(A)
+build kernels /tmp/ab_build_A & pids=($!)
+letter=B
+for d in $AB_DIR; do
+  rm -rf "/tmp/ab_src_$letter" && cp -r kernels "/tmp/ab_src_$letter" && cp -r "$d"/. "/tmp/ab_src_$letter/"
+  echo "build $letter: kernels/ + $d ($(cd "$d" && find . -type f | sed 's|^\./||' | tr '\n' ' '))"
+  build "/tmp/ab_src_$letter" "/tmp/ab_build_$letter" & pids+=($!)
+  names+=("$letter")
+  letter=$(echo "$letter" | tr 'A-Y' 'B-Z')
+done
+for p in "${pids[@]}"; do wait "$p" || exit 1; done
 for r in $(seq "$ROUNDS"); do
-  for v in a b; do
-    echo "=== round $r, build ${v^^}"
+  for v in "${names[@]}"; do
+    echo "=== round $r, build $v"
     MSA_OPS_LIBRARY_DIR=/tmp/ab_build_$v bash -c "$AB_CMD" 2>&1 | grep -v "Warning"
   done
 done
