@@ -153,6 +153,11 @@ __device__ __forceinline__ int64_t warp_max_prefix(const int32_t* offsets, int l
 }
 
 // Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
+// A page-table entry as a page of the pool, or -1 when it names none (negative, or past the pool).
+__device__ __forceinline__ int pool_page(const AttentionArgs& a, int32_t entry) {
+  return (entry >= 0 && entry < a.num_blocks) ? entry : -1;
+}
+
 template <int BLOCK_M>
 __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
   SeqTile st;
@@ -422,7 +427,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     bool ok[NPASS];
     if (a.kv_mode == kKvPaged) {
       const int warp_row0 = (tid / 32) * kRowsPerWarp;
-      const int my_page = (entry >= 0 && entry < a.num_blocks) ? entry : -1;
+      const int my_page = pool_page(a, entry);
 #pragma unroll
       for (int i = 0; i < NPASS; ++i) {
         const int key = key0 + i * RSTEP;
@@ -431,8 +436,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
           pg = __shfl_sync(0xffffffff, my_page, (my_row - warp_row0) + i * kRowsPerWarp);
         } else {  // more rows than lanes: look up directly
           const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
-          const int32_t p = (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1;
-          pg = (p >= 0 && p < a.num_blocks) ? p : -1;
+          pg = pool_page(a, (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1);
         }
         const int slot = a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
         ok[i] = pg >= 0;

@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     return p;
   };
   auto issue_tile = [&](int tile, int stage, int32_t entry) {  // warp 0
-    const int my_page = (entry >= 0 && entry < a.num_blocks) ? entry : -1;
+    const int my_page = pool_page(a, entry);
     const uint32_t bar = sBar + 8 * stage;
     const uint32_t sK = sKV + stage * 2 * Cfg::kKvTileBytes;
     const uint32_t sV = sK + Cfg::kKvTileBytes;

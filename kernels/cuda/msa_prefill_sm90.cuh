@@ -119,8 +119,7 @@ __global__ void __launch_bounds__(256, 1)
     if (id < 0 || id >= a.max_pages) return -1;
     const int64_t key0 = static_cast<int64_t>(id) * BN;
     if (key0 >= kmax || key0 > p) return -1;
-    const int pg = __ldg(lut_row + id);
-    return (pg >= 0 && pg < a.num_blocks) ? id : -1;
+    return pool_page(a, __ldg(lut_row + id)) >= 0 ? id : -1;
   };
   for (int w = tid; w < nwords; w += C::kThreads) sBits[w] = 0u;
   __syncthreads();
