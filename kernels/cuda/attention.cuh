@@ -337,6 +337,9 @@ struct AttentionConfig {
   static_assert(kWarpKeys % 16 == 0, "each warp handles whole 16-key MMA steps");
 };
 
+// Tiles of this height (decode) put the kv heads of a query tile next to each other in the grid (attention_kernel).
+constexpr int kHeadsFastestRows = 16;
+
 template <typename T, int D, int BLOCK_M, int STAGES>
 __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   using Cfg = AttentionConfig<T, D, BLOCK_M, STAGES>;
@@ -350,9 +353,13 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   T* sKV = reinterpret_cast<T*>(smem_raw + Cfg::kSmemQ);
   int* sValid = reinterpret_cast<int*>(smem_raw + Cfg::kSmemQ + Cfg::kSmemKv);
 
-  const SeqTile st = locate_tile<BLOCK_M>(a, blockIdx.x);
+  // Grid: x = query tile, y = kv head; 16-row (decode) tiles: x = query tile * Hkv + kv head, so the CTAs that run
+  // together are the kv heads of a few sequences and read neighbouring bytes of the same key rows.
+  constexpr bool kHeadsFastest = kHeadsFastestRows == BLOCK_M;
+  const int x_tile = kHeadsFastest ? static_cast<int>(blockIdx.x) / a.Hkv : static_cast<int>(blockIdx.x);
+  const SeqTile st = locate_tile<BLOCK_M>(a, x_tile);
   if (st.b < 0) return;
-  const int hkv = blockIdx.y;
+  const int hkv = kHeadsFastest ? static_cast<int>(blockIdx.x) - x_tile * a.Hkv : static_cast<int>(blockIdx.y);
   const int part = blockIdx.z;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;

@@ -61,7 +61,10 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     auto kernel = attention_kernel<T, D, BM, STAGES>;
     // Attribute set per launch (cheap, idempotent, no synchronization).
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
+    if (BM == kHeadsFastestRows && static_cast<int64_t>(grid_x) * a.Hkv > INT32_MAX)
+      return invalid(target, "too many query tiles x kv heads for one launch");
+    const dim3 g = BM == kHeadsFastestRows ? dim3(grid_x * a.Hkv, 1, grid.z) : grid;
+    kernel<<<g, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     if (Error e = check_launch(target); e.failure()) return e;
   }
   if (a.total_rows > 0) {
