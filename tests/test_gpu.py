@@ -151,7 +151,7 @@ def _tile128_cases():
     for i in range(20):
         cases.append(dict(
             seed=100 + i, scenario=["big", "long", "mixed", "decode", "spec"][i % 5], mask=MASKS[i % len(MASKS)],
-            group=[1, 4, 8, 16][(i // 2) % 4], page=[16, 128, 64][i % 3], d=[128, 64][(i // 5) % 2],
+            group=[1, 4, 8, 16][(i // 2) % 4], page=[16, 128, 64, 256][i % 4], d=[128, 64][(i // 5) % 2],
             dtype=[jnp.bfloat16, jnp.float16][(i // 3) % 2], np_=[0, 1, 3][(i // 4) % 3],
             sink=bool(rng.integers(2)), window=int(rng.integers(1, 300)),
         ))
@@ -272,16 +272,17 @@ def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
 def test_cuda_mha_bad_values_do_not_fault():
     """Page ids past the pool, non-monotone offsets, huge cache lengths, layer out of range: masked, no fault."""
     rng = np.random.default_rng(3)
-    h, hkv, d, page, mp = 8, 2, 128, 16, 12
-    kv = rand(rng, (20, 2, 2, page, hkv, d), jnp.bfloat16)
-    lut = rng.integers(-50, 50, (3, mp)).astype(np.int32)
+    h, hkv, d, mp = 8, 2, 128, 12
     cl = np.array([2**31 - 5, -9, 40], np.int32)
-    # 12 rows: decode and 64-row tiles; 160 rows with a prompt-length hint: the 128-row tile (wgmma on sm_90)
-    for t, offs, hint in ((12, [0, 7, 3, 40], {}), (160, [0, 150, 3, 158], {"max_prompt_length": 1024})):
-        q = rand(rng, (t, h, d), jnp.bfloat16)
-        offs = np.array(offs, np.int32)
-        for layer in (0, 5, -1):
-            for np_ in (1, 4):
+    # 12 rows: decode and 64-row tiles; 160 rows with a prompt-length hint: the 128-row tile (wgmma on sm_90).
+    # Pages of 16 (eight per 128-key tile) and of 128 (one page per tile).
+    for page in (16, 128):
+        kv = rand(rng, (20, 2, 2, page, hkv, d), jnp.bfloat16)
+        lut = rng.integers(-50, 50, (3, mp)).astype(np.int32)
+        for t, offs, hint in ((12, [0, 7, 3, 40], {}), (160, [0, 150, 3, 158], {"max_prompt_length": 1024})):
+            q = rand(rng, (t, h, d), jnp.bfloat16)
+            offs = np.array(offs, np.int32)
+            for layer, np_ in ((0, 1), (0, 4), (5, 1), (-1, 4), (1, 1)):
                 args = (q, offs, kv, cl, lut, layer)
                 got = jax.jit(lambda *a, _n=np_, _h=hint: msa_ops.mha_ragged_paged(
                     *a, mask_str="causal", num_partitions=_n, implementation="native", **_h))(*args)
