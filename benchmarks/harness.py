@@ -23,24 +23,21 @@ def bench(fn, args, iters: int = 20, repeats: int = 5) -> float:
     return float(np.median(ts))
 
 
-def bench_in_graph(op, args, n: int = 10, vary: int = 0, **kw) -> float:
+def bench_in_graph(op, args, n: int = 10, **kw) -> float:
     """Seconds per call of ``op(*args)``, timed as ``n`` calls inside one jitted function.
 
     Host dispatch of a jitted call costs tens of microseconds, as much as a small decode kernel runs, so one
-    call per dispatch measures the host. Here one dispatch runs ``n`` independent calls: ``args[vary]`` enters
-    as ``n`` separate parameters (the same array each time), so XLA cannot merge the calls into one.
+    call per dispatch measures the host. Here one dispatch runs ``n`` independent calls. Every argument enters
+    as ``n`` separate parameters (the same arrays each time), so XLA can neither merge the calls nor fuse them
+    into one pass over a shared operand (with only q varied, the ten XLA attentions of a decode step shared K
+    and V, and their figure exceeded the HBM peak).
     """
-    rest = [x for i, x in enumerate(args) if i != vary]
+    k = len(args)
 
     def many(*params):
-        outs = []
-        for v in params[:n]:
-            call_args = list(params[n:])
-            call_args.insert(vary, v)
-            outs.append(op(*call_args))
-        return tuple(outs)
+        return tuple(op(*params[i * k : (i + 1) * k]) for i in range(n))
 
-    return bench(jax.jit(many), (args[vary],) * n + tuple(rest), **kw) / n
+    return bench(jax.jit(many), tuple(args) * n, **kw) / n
 
 
 def write_results(out_dir: str, name: str, rows: list, text: str) -> None:
