@@ -97,6 +97,13 @@ def test_msa_decode_partitions():
     p = routing.plan_msa(total_rows=2, batch=2, n_heads=32, n_kv_heads=4, topk=4, max_keys_static=1 << 17,
                          num_partitions=9)
     assert p.num_partitions == 4  # capped at topk
+    # fp8 KV at topk >= 64: twice the CTAs per SM
+    p = routing.plan_msa(total_rows=32, batch=32, n_heads=32, n_kv_heads=4, topk=64, max_keys_static=1 << 17,
+                         kv_fp8=True)
+    assert p.num_partitions == 2  # 2 * 132 // 128
+    p = routing.plan_msa(total_rows=32, batch=32, n_heads=32, n_kv_heads=4, topk=16, max_keys_static=1 << 17,
+                         kv_fp8=True)
+    assert p.num_partitions == 1
 
 
 def test_plan_from_shapes_matches_ladder():

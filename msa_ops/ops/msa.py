@@ -71,6 +71,7 @@ def _msa_plan(q, offsets, cache_row_offsets, kv, cache_lengths, lookup, layer_id
         total_rows=t, batch=offsets.shape[0] - 1, n_heads=h, n_kv_heads=kv.shape[4],
         topk=d_indices.shape[2], max_keys_static=lookup.shape[1] * kv.shape[3],
         num_partitions=attrs.num_partitions, max_prompt_length=attrs.max_prompt_length,
+        kv_fp8=np.dtype(kv.dtype).itemsize == 1,
     )
 
 
