@@ -119,6 +119,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
                : "r"(addr));
 }
 
+// The key row and 16-byte chunk this lane points ldmatrix .x4 at, for the 16 keys from key0 and the chunks ch0,
+// ch0 + 1 of a K or V tile. K (the B operand of Q K^T) orders the four 8x8 matrices (keys 0-7, ch0), (0-7,
+// ch0 + 1), (8-15, ch0), (8-15, ch0 + 1); V (the B operand of P V, read with .trans) orders them (keys 0-7,
+// ch0), (8-15, ch0), (0-7, ch0 + 1), (8-15, ch0 + 1).
+struct FragAddr {
+  int key, ch;
+};
+__device__ __forceinline__ FragAddr k_frag_addr(int lane, int key0, int ch0) {
+  return FragAddr{key0 + lane % 8 + (lane / 16) * 8, ch0 + (lane / 8) % 2};
+}
+__device__ __forceinline__ FragAddr v_frag_addr(int lane, int key0, int ch0) {
+  return FragAddr{key0 + lane % 8 + ((lane / 8) % 2) * 8, ch0 + lane / 16};
+}
+
 // Shared-memory tile of ROWS x D 16-bit elements, 16-byte chunks XOR-swizzled by row so that ldmatrix reads
 // of 8 rows at one column hit 8 different bank groups.
 template <int D>
@@ -152,12 +166,12 @@ __device__ __forceinline__ int64_t warp_max_prefix(const int32_t* offsets, int l
   return m;
 }
 
-// Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
 // A page-table entry as a page of the pool, or -1 when it names none (negative, or past the pool).
 __device__ __forceinline__ int pool_page(const AttentionArgs& a, int32_t entry) {
   return (entry >= 0 && entry < a.num_blocks) ? entry : -1;
 }
 
+// Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
 template <int BLOCK_M>
 __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
   SeqTile st;
@@ -572,10 +586,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 #pragma unroll
       for (int j = 0; j < NB_WARP; j += 2) {
         uint32_t kf[4];
-        const int mtx = lane / 8, r8 = lane % 8;
-        const int key = key_w0 + j * 8 + r8 + (mtx / 2) * 8;
-        const int ch = kk * 2 + (mtx % 2);
-        ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<D>::offset(key, ch)));
+        const FragAddr f = k_frag_addr(lane, key_w0 + j * 8, kk * 2);
+        ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<D>::offset(f.key, f.ch)));
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
           const uint32_t* af = Cfg::kQInRegs ? qf[kk] : qtmp[mb];
@@ -656,10 +668,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 #pragma unroll
       for (int jd = 0; jd < ND; jd += 2) {
         uint32_t vf[4];
-        const int mtx = lane / 8, r8 = lane % 8;
-        const int key = key_w0 + ks * 16 + r8 + (mtx % 2) * 8;
-        const int ch = jd + (mtx / 2);
-        ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<D>::offset(key, ch)));
+        const FragAddr f = v_frag_addr(lane, key_w0 + ks * 16, jd);
+        ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<D>::offset(f.key, f.ch)));
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
           M::run(o[mb][jd], pf[mb][ks], vf);

@@ -312,10 +312,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 #pragma unroll
       for (int jp = 0; jp < NT / 2; ++jp) {
         uint32_t kf[4];
-        const int mtx = lane / 8, r8 = lane % 8;
-        const int key = key_w0 + jp * 16 + r8 + (mtx / 2) * 8;
-        const int ch = kk * 2 + (mtx % 2);
-        ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(key, ch)));
+        const FragAddr f = k_frag_addr(lane, key_w0 + jp * 16, kk * 2);
+        ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(f.key, f.ch)));
         T::qk(s[2 * jp], qf[kk], kf);
         T::qk(s[2 * jp + 1], qf[kk], kf + 2);
       }
@@ -368,10 +366,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 #pragma unroll
       for (int ch2 = 0; ch2 < kChunksRow; ch2 += 2) {
         uint32_t vf[4];
-        const int mtx = lane / 8, r8 = lane % 8;
-        const int key = key_w0 + ks * 16 + r8 + (mtx % 2) * 8;
-        const int ch = ch2 + (mtx / 2);
-        ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(key, ch)));
+        const FragAddr f = v_frag_addr(lane, key_w0 + ks * 16, ch2);
+        ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(f.key, f.ch)));
         if constexpr (std::is_same_v<KV, __nv_bfloat16>) {  // chunk = output tile of 8 columns
           PvMma::run(o[ch2], pf[ks], vf);
           PvMma::run(o[ch2 + 1], pf[ks], vf + 2);
