@@ -420,8 +420,10 @@ def _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv):
     return ids
 
 
+@pytest.mark.parametrize("ws", ["1", "0"])  # the warp-specialized kernel (where the group divides 128), or not
 @pytest.mark.parametrize("case", MSA_PREFILL_CASES, ids=lambda c: f"{c[0]}-g{c[1]}-k{c[2]}")
-def test_cuda_msa_prefill_kernel(case, monkeypatch):
+def test_cuda_msa_prefill_kernel(case, ws, monkeypatch):
+    monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", ws)
     pattern, group, topk, n, cache_len, max_pages, pad = case
     hkv = 2
     rng = np.random.default_rng(sum(n) + topk)

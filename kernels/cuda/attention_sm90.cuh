@@ -72,10 +72,8 @@ struct Sm90Kv {
   int box_rows;
 };
 
-// Host: fills `kv` for the call, or returns false (then the mma.sync kernel serves it): paged pages must be a power
-// of two of at least 8 slots (whole 1024-byte swizzle atoms per box), and the driver must offer the encoder.
-template <typename T, int D>
-bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv) {
+// Host: the driver's tensor-map encoder, or nullptr.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -85,6 +83,14 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv) {
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+// Host: fills `kv` for the call, or returns false (then the mma.sync kernel serves it): paged pages must be a power
+// of two of at least 8 slots (whole 1024-byte swizzle atoms per box), and the driver must offer the encoder.
+template <typename T, int D>
+bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const CUtensorMapDataType dt =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;

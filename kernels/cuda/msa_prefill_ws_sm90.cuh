@@ -1,0 +1,449 @@
+// Hopper (sm_90a) MSA prefill, warp-specialized and persistent: the block-sparse attention of
+// msa_prefill_sm90.cuh (same contract, same per-tile planning and softmax), with the per-tile fixed costs taken
+// off the tensor cores' path.
+//
+// One CTA per SM walks the work items (query tile x kv head, heaviest first) with three warpgroups:
+//   * warp 0 (the loader) issues every TMA: a tile's Q (two 64-column boxes of [tokens][group heads]) into one of
+//     two Q buffers, then its union blocks' K and V (one page each) into two-stage K and V rings;
+//   * warps 1-3 (the planners) build each tile's plan: the union of its valid selected blocks and, per block, the
+//     mask of the tile's tokens that selected it, one chunk of up to kChunk blocks at a time, into one of two
+//     plan slots;
+//   * warpgroups 1 and 2 (the consumers) run the wgmma pipeline over 64 rows each, as in msa_prefill_sm90.cuh,
+//     then store their rows.
+// Every hand-over is an mbarrier: full (TMA bytes, or the planners' arrivals) and empty (the consumers' arrivals)
+// per Q buffer, ring stage and plan slot. So the next tile's planning and its Q and first K/V loads run while the
+// consumers finish the current tile, and the consumers never wait at a CTA-wide barrier. The producer warpgroup
+// gives registers to the consumers (setmaxnreg).
+//
+// Served when the group divides 128 (Q by TMA) and the pool has pages of 128; msa.cu keeps msa_prefill_sm90.cuh
+// otherwise (MSA_OPS_MSA_PREFILL_WS=0 selects it always).
+#pragma once
+
+#include "attention_sm90.cuh"
+
+namespace msa_ops {
+namespace cuda {
+
+struct MsaPrefillWs {
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kPlanners = 96;  // warps 1-3
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  static constexpr int kLaunchRegs = 168;  // __launch_bounds__(384, 1): what setmaxnreg redistributes
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "register pool");
+  static constexpr int kD = 128;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kChunk = 128;  // union blocks per plan slot
+  static constexpr int kMaxPages = 16384;
+  static constexpr int kMaxWords = kMaxPages / 32;
+  static constexpr int kTileBytes = kBlockN * kD * 2;
+  static constexpr int kMaskWords = kBlockM / 32;
+  static constexpr int kEntCache = 2048;
+  // shared memory (bytes from the 1024-aligned base)
+  static constexpr int kOffQ = 0;                            // 2 buffers
+  static constexpr int kOffK = kOffQ + 2 * kTileBytes;       // 2 stages
+  static constexpr int kOffV = kOffK + 2 * kTileBytes;       // 2 stages
+  static constexpr int kOffIds = kOffV + 2 * kTileBytes;     // [2][kChunk]
+  static constexpr int kOffPages = kOffIds + 2 * kChunk * 4;  // [2][kChunk]
+  static constexpr int kOffMask = kOffPages + 2 * kChunk * 4;  // [2][kChunk][kMaskWords]
+  static constexpr int kOffMeta = kOffMask + 2 * kChunk * kMaskWords * 4;  // [2][2]: blocks, last chunk
+  static constexpr int kOffBits = kOffMeta + 16;
+  static constexpr int kOffBase = kOffBits + kMaxWords * 4;
+  static constexpr int kOffMisc = kOffBase + kMaxWords * 4;  // [4]
+  static constexpr int kOffEntPage = kOffMisc + 16;
+  static constexpr int kOffEntId = kOffEntPage + kEntCache * 4;
+  static constexpr int kOffBar = (kOffEntId + kEntCache * 2 + 7) / 8 * 8;
+  // mbarriers: Q full/empty [2], K full/empty [2], V full/empty [2], plan full/empty [2]
+  static constexpr int kBarQFull = 0, kBarQEmpty = 2, kBarKFull = 4, kBarKEmpty = 6, kBarVFull = 8,
+                       kBarVEmpty = 10, kBarPFull = 12, kBarPEmpty = 14, kBars = 16;
+  static constexpr int kSmemBytes = kOffBar + kBars * 8;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;
+};
+
+#if defined(MSA_OPS_SM90_WGMMA)
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// mbar_wait that gives up: a hand-over that never comes (a protocol error) traps after ~2^26 polls (seconds)
+// instead of hanging the GPU; legitimate waits here last microseconds.
+__device__ __forceinline__ void mbar_wait_ws(uint32_t bar, uint32_t parity) {
+  for (uint32_t i = 0;; ++i) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (i > (1u << 26)) __trap();
+  }
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void tma_load_4d_q(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                              int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+#endif
+
+// Work item w of the CTA's walk: query tile (heaviest first) and kv head.
+struct WsItem {
+  int x_tile, hkv;
+};
+__device__ __forceinline__ WsItem ws_item(int w, int tiles_x, int hkv_count) {
+  return WsItem{tiles_x - 1 - w / hkv_count, w % hkv_count};
+}
+
+// a: the MSA call as a paged ragged attention (page_size 128, num_partitions 1, no sink); qmap: Q as
+// [T][Hkv][group][128] in boxes of (128 / group tokens) x group heads x 64 columns; d_idx: [Hkv, T, topk].
+__global__ void __launch_bounds__(384, 1)
+    msa_prefill_ws_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm,
+                               const __grid_constant__ CUtensorMap qmap, const int32_t* __restrict__ d_idx, int topk,
+                               int tiles_x) {
+#if defined(MSA_OPS_SM90_WGMMA)
+  using T = __nv_bfloat16;
+  using C = MsaPrefillWs;
+  constexpr int D = C::kD, BM = C::kBlockM, BN = C::kBlockN;
+  constexpr int NS = BN / 8, ND = D / 8;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* sbase = smem_raw + pad;
+  const uint32_t s0 = raw_addr + pad;
+  int* sIds = reinterpret_cast<int*>(sbase + C::kOffIds);
+  int* sPages = reinterpret_cast<int*>(sbase + C::kOffPages);
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + C::kOffMask);
+  int* sMeta = reinterpret_cast<int*>(sbase + C::kOffMeta);
+  const uint32_t sBar = s0 + C::kOffBar;
+  auto bar = [&](int i) { return sBar + 8 * i; };
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int n_items = tiles_x * a.Hkv;
+  if (tid == 0) {
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(bar(C::kBarQFull + i), 1);
+      mbar_init(bar(C::kBarQEmpty + i), C::kConsumerThreads);
+      mbar_init(bar(C::kBarKFull + i), 1);
+      mbar_init(bar(C::kBarKEmpty + i), C::kConsumerThreads);
+      mbar_init(bar(C::kBarVFull + i), 1);
+      mbar_init(bar(C::kBarVEmpty + i), C::kConsumerThreads);
+      mbar_init(bar(C::kBarPFull + i), C::kPlanners);
+      mbar_init(bar(C::kBarPEmpty + i), C::kConsumerThreads + 1);  // and the loader
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int layer = *a.layer_ptr;
+  const bool layer_ok = layer >= 0 && layer < a.num_layers;
+  const int layer_c = layer_ok ? layer : 0;
+
+  if (warp < 4) {
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (warp == 0) {
+      // ---------------------------------------------------------------- loader
+      int pc = 0, g = 0, qi = 0;  // chunks, blocks and tiles seen
+      // K_{j+1} and V_j go out together (V one block behind K, as in msa_prefill_sm90.cuh); each waits for its
+      // stage's previous block to be released by both consumer warpgroups.
+      auto issue = [&](int slot, int j, int gj, bool v, int hkv) {
+        const int stage = gj & 1;
+        const uint32_t full = bar((v ? C::kBarVFull : C::kBarKFull) + stage);
+        mbar_wait_ws(bar((v ? C::kBarVEmpty : C::kBarKEmpty) + stage), ((gj >> 1) & 1) ^ 1);
+        mbar_expect_tx(full, C::kTileBytes);
+        const uint32_t dst = s0 + (v ? C::kOffV : C::kOffK) + stage * C::kTileBytes;
+        const int page = sPages[slot * C::kChunk + j];
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h)
+          tma_load_5d(dst + h * BN * 128, v ? &kvm.v : &kvm.k, full, h * 64, hkv, 0,
+                      (v ? a.num_layers : 0) + layer_c, page);
+      };
+      for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
+        const WsItem it = ws_item(w, tiles_x, a.Hkv);
+        const SeqTile st = locate_tile<BM>(a, it.x_tile);
+        if (st.b < 0) continue;
+        if (lane == 0) {
+          const int qb = qi & 1;
+          mbar_wait_ws(bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
+          mbar_expect_tx(bar(C::kBarQFull + qb), C::kTileBytes);
+          const int tok = st.q_base + st.row0 / a.group;
+#pragma unroll
+          for (int h = 0; h < D / 64; ++h)
+            tma_load_4d_q(s0 + C::kOffQ + qb * C::kTileBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb), h * 64,
+                          0, it.hkv, tok);
+        }
+        ++qi;
+        for (;;) {
+          const int slot = pc & 1;
+          mbar_wait_ws(bar(C::kBarPFull + slot), (pc >> 1) & 1);
+          const int n = sMeta[slot * 2], last = sMeta[slot * 2 + 1];
+          if (lane == 0 && n > 0) {
+            issue(slot, 0, g, false, it.hkv);
+            if (n > 1) issue(slot, 1, g + 1, false, it.hkv);
+            issue(slot, 0, g, true, it.hkv);
+            for (int j = 1; j < n; ++j) {
+              if (j + 1 < n) issue(slot, j + 1, g + j + 1, false, it.hkv);
+              issue(slot, j, g + j, true, it.hkv);
+            }
+          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar(C::kBarPEmpty + slot));
+          g += n;
+          ++pc;
+          if (last) break;
+        }
+      }
+    } else {
+      // ---------------------------------------------------------------- planners (warps 1-3)
+      const int ptid = tid - 32;
+      uint32_t* sBits = reinterpret_cast<uint32_t*>(sbase + C::kOffBits);
+      int* sBase = reinterpret_cast<int*>(sbase + C::kOffBase);
+      int* sMisc = reinterpret_cast<int*>(sbase + C::kOffMisc);
+      int* sEntPage = reinterpret_cast<int*>(sbase + C::kOffEntPage);
+      int16_t* sEntId = reinterpret_cast<int16_t*>(sbase + C::kOffEntId);
+      const int nwords = (a.max_pages + 31) / 32;
+      constexpr int kWpt = (C::kMaxWords + C::kPlanners - 1) / C::kPlanners;  // bitmap words per planner
+      int pc = 0;
+      for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
+        const WsItem it = ws_item(w, tiles_x, a.Hkv);
+        const SeqTile st = locate_tile<BM>(a, it.x_tile);
+        if (st.b < 0) continue;
+        const int group = a.group;
+        const int rows_seq = st.n_q * group;
+        const int row_end = min(st.row0 + BM, rows_seq);
+        const int tok0 = st.row0 / group;
+        const int ntok = (row_end - 1) / group - tok0 + 1;
+        const int kmax = static_cast<int>(st.kmax);
+        const int32_t* lut_row = a.lookup + static_cast<int64_t>(st.b) * a.max_pages;
+        const int n_ent = ntok * topk;
+        const int32_t* ids_tile = d_idx + (static_cast<int64_t>(it.hkv) * a.total_rows + st.q_base + tok0) * topk;
+        auto entry = [&](int e) -> int {  // msa_prefill_sm90.cuh's check of entry (token e / topk, slot e % topk)
+          if (!layer_ok) return -1;
+          const int id = __ldg(ids_tile + e);
+          const int64_t p = st.pos0 + tok0 + e / topk;
+          if (id < 0 || id >= a.max_pages) return -1;
+          const int64_t key0 = static_cast<int64_t>(id) * BN;
+          if (key0 >= kmax || key0 > p) return -1;
+          return pool_page(a, __ldg(lut_row + id)) >= 0 ? id : -1;
+        };
+        for (int i = ptid; i < nwords; i += C::kPlanners) sBits[i] = 0u;
+        named_sync(1, C::kPlanners);
+        const bool cached = n_ent <= C::kEntCache;
+        for (int e = ptid; e < n_ent; e += C::kPlanners) {
+          const int id = entry(e);
+          if (cached) {
+            sEntId[e] = static_cast<int16_t>(id);
+            if (id >= 0) sEntPage[e] = __ldg(lut_row + id);
+          }
+          if (id >= 0) atomicOr(&sBits[id >> 5], 1u << (id & 31));
+        }
+        named_sync(1, C::kPlanners);
+        int n_union;
+        {  // exclusive prefix of the words' popcounts: planner i owns words [i kWpt, (i + 1) kWpt)
+          int cnt[kWpt];
+          int mine = 0;
+#pragma unroll
+          for (int k = 0; k < kWpt; ++k) {
+            const int wd = ptid * kWpt + k;
+            cnt[k] = wd < nwords ? __popc(sBits[wd]) : 0;
+            mine += cnt[k];
+          }
+          int incl = mine;
+#pragma unroll
+          for (int d = 1; d < 32; d <<= 1) {
+            const int u = __shfl_up_sync(0xffffffff, incl, d);
+            if (lane >= d) incl += u;
+          }
+          if (lane == 31) sMisc[warp - 1] = incl;
+          named_sync(1, C::kPlanners);
+          int before = 0, total = 0;
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            const int v = sMisc[k];
+            before += k < warp - 1 ? v : 0;
+            total += v;
+          }
+          int run = before + incl - mine;
+#pragma unroll
+          for (int k = 0; k < kWpt; ++k) {
+            const int wd = ptid * kWpt + k;
+            if (wd < nwords) sBase[wd] = run;
+            run += cnt[k];
+          }
+          n_union = total;
+          named_sync(1, C::kPlanners);  // sBase complete; sMisc free again
+        }
+        for (int c0 = 0;; c0 += C::kChunk) {  // at least one chunk, so an empty union still reaches the consumers
+          const int n = max(0, min(C::kChunk, n_union - c0));
+          const int slot = pc & 1;
+          mbar_wait_ws(bar(C::kBarPEmpty + slot), ((pc >> 1) & 1) ^ 1);
+          uint32_t* mask = sMask + slot * C::kChunk * C::kMaskWords;
+          for (int i = ptid; i < n * C::kMaskWords; i += C::kPlanners) mask[i] = 0u;
+          named_sync(1, C::kPlanners);
+          for (int e = ptid; e < n_ent && n > 0; e += C::kPlanners) {
+            const int id = cached ? sEntId[e] : entry(e);
+            if (id < 0) continue;
+            const int wd = id >> 5;
+            const int r = sBase[wd] + __popc(sBits[wd] & ((1u << (id & 31)) - 1u)) - c0;
+            if (r < 0 || r >= n) continue;
+            const int t = e / topk;
+            sIds[slot * C::kChunk + r] = id;
+            sPages[slot * C::kChunk + r] = cached ? sEntPage[e] : __ldg(lut_row + id);
+            atomicOr(&mask[r * C::kMaskWords + t / 32], 1u << (t % 32));
+          }
+          const bool last = c0 + C::kChunk >= n_union;
+          if (ptid == 0) {
+            sMeta[slot * 2] = n;
+            sMeta[slot * 2 + 1] = last ? 1 : 0;
+          }
+          mbar_arrive(bar(C::kBarPFull + slot));  // release: this planner's writes of the slot
+          ++pc;
+          if (last) break;
+        }
+        named_sync(1, C::kPlanners);  // every planner is done with sBits / sBase / the entry cache of this tile
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------ consumers (warpgroups 1 and 2)
+    setmaxnreg_inc<C::kConsumerRegs>();
+    const int ctid = tid - 128;  // 0..255
+    const int cwg = ctid / 128;
+    const int warp_row0 = cwg * 64 + (warp % 4) * 16;
+    const float sl2 = a.scale_log2;
+    int pc = 0, g = 0, qi = 0;
+    float o[ND * 4];
+    float s[NS * 4];
+    uint32_t pf[BN / 16][4];
+    float corr[2];
+    for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
+      const WsItem it = ws_item(w, tiles_x, a.Hkv);
+      const SeqTile st = locate_tile<BM>(a, it.x_tile);
+      if (st.b < 0) continue;
+      const int group = a.group;
+      const int rows_seq = st.n_q * group;
+      const int tok0 = st.row0 / group;
+      const int kmax = static_cast<int>(st.kmax);
+      int tok_rel[2], row_hi[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
+        if (pr < rows_seq) {
+          tok_rel[i] = pr / group - tok0;
+          row_hi[i] = static_cast<int>(imin(st.pos0 + pr / group + 1, static_cast<int64_t>(kmax)));
+        } else {
+          tok_rel[i] = 0;
+          row_hi[i] = 0;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
+      float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+      const int qb = qi & 1;
+      const uint32_t q_wg = s0 + C::kOffQ + qb * C::kTileBytes + cwg * 64 * 128;
+      mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
+      for (;;) {
+        const int slot = pc & 1;
+        mbar_wait_ws(bar(C::kBarPFull + slot), (pc >> 1) & 1);
+        const int n = sMeta[slot * 2], last = sMeta[slot * 2 + 1];
+        const int* ids = sIds + slot * C::kChunk;
+        const uint32_t* mask = sMask + slot * C::kChunk * C::kMaskWords;
+        auto sK = [&](int gj) { return s0 + C::kOffK + (gj & 1) * C::kTileBytes; };
+        auto sV = [&](int gj) { return s0 + C::kOffV + (gj & 1) * C::kTileBytes; };
+        auto wait_k = [&](int gj) { mbar_wait_ws(bar(C::kBarKFull + (gj & 1)), (gj >> 1) & 1); };
+        auto wait_v = [&](int j, int gj) {  // V of block j landed; its rows past the sequence's keys are zeroed
+          mbar_wait_ws(bar(C::kBarVFull + (gj & 1)), (gj >> 1) & 1);
+          const int n_exist = kmax - ids[j] * BN;
+          if (n_exist < BN) {  // the same block for both warpgroups: both take this branch
+            zero_rows_sw128<BN, D, C::kConsumerThreads>(sbase + C::kOffV + (gj & 1) * C::kTileBytes, n_exist, ctid);
+            fence_proxy_async();
+            named_sync(2, C::kConsumerThreads);
+          }
+        };
+        auto softmax = [&](int j) {  // msa_prefill_sm90.cuh's
+          const int key0 = ids[j] * BN;
+          bool sel[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) sel[i] = (mask[j * C::kMaskWords + tok_rel[i] / 32] >> (tok_rel[i] % 32)) & 1u;
+          const bool full = sl2 > 0.f && sel[0] && sel[1] && key0 + BN <= row_hi[0] && key0 + BN <= row_hi[1];
+          float m_new[2] = {m_run[0], m_run[1]};
+          if (full) {
+            wg_raw_max<NS>(s, m_new, sl2);
+          } else {
+            const int lim[2] = {sel[0] ? row_hi[0] - key0 : 0, sel[1] ? row_hi[1] - key0 : 0};
+#pragma unroll
+            for (int jj = 0; jj < NS; ++jj) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int i = e / 2;
+                const int kl = jj * 8 + (lane % 4) * 2 + (e % 2);
+                s[jj * 4 + e] = kl < lim[i] ? s[jj * 4 + e] * sl2 : -INFINITY;
+                m_new[i] = fmaxf(m_new[i], s[jj * 4 + e]);
+              }
+            }
+          }
+          wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
+        };
+        if (n > 0) {
+          wait_k(g);
+          wgmma_fence();
+          wg_qk<T, BM, BN, D>(s, q_wg, sK(g));
+          wgmma_wait<0>();
+          fence_regs<NS * 4>(s);
+          mbar_arrive(bar(C::kBarKEmpty + (g & 1)));
+          softmax(0);
+          wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
+          for (int j = 1; j < n; ++j) {
+            wait_k(g + j);
+            wait_v(j - 1, g + j - 1);
+            fence_regs<ND * 4>(o);
+            wgmma_fence();
+            wg_qk<T, BM, BN, D>(s, q_wg, sK(g + j));
+            wg_pv<T, BN, D>(o, pf, sV(g + j - 1));
+            wgmma_wait<1>();
+            fence_regs<NS * 4>(s);
+            mbar_arrive(bar(C::kBarKEmpty + ((g + j) & 1)));
+            softmax(j);
+            wgmma_wait<0>();
+            fence_regs<ND * 4>(o);
+            mbar_arrive(bar(C::kBarVEmpty + ((g + j - 1) & 1)));
+            wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
+          }
+          wait_v(n - 1, g + n - 1);
+          fence_regs<ND * 4>(o);
+          wgmma_fence();
+          wg_pv<T, BN, D>(o, pf, sV(g + n - 1));
+          wgmma_wait<0>();
+          fence_regs<ND * 4>(o);
+          mbar_arrive(bar(C::kBarVEmpty + ((g + n - 1) & 1)));
+        }
+        mbar_arrive(bar(C::kBarPEmpty + slot));
+        g += n;
+        ++pc;
+        if (last) break;
+      }
+      mbar_arrive(bar(C::kBarQEmpty + qb));  // this thread's last Q K^T has completed
+      ++qi;
+      wg_store_rows<T, D>(a, st, rows_seq, warp_row0, it.hkv, 0, l_run, m_run, o, lane);
+    }
+  }
+#else
+  __trap();  // launched only on sm_90 (see msa.cu)
+#endif
+}
+
+}  // namespace cuda
+}  // namespace msa_ops
