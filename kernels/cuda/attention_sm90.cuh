@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   }
   __syncthreads();  // the mbarriers are initialized before anyone waits on them
 
-  // ---- K/V tiles by TMA, issued by warp 0. Paged: box i of a tile holds key rows [i rb, (i+1) rb), one page
+  // ---- K/V tiles by TMA, issued by warps 0-3. Paged: box i of a tile holds key rows [i rb, (i+1) rb), one page
   // each; lane i of warp 0 fetches its page id a tile ahead and issues its loads.
   const bool paged = a.kv_mode == kKvPaged;
   const int32_t* lut_row = nullptr;
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   const int kmax = static_cast<int>(st.kmax);
   const int rb = kvm.box_rows;
   const int nbox = BN / rb;
-  // Warp 0: lane i < nbox gets the page-table entry of box i of `tile` (-1 past the keys), unchecked: the range
+  // Warps 0-3: lane i < nbox gets the page-table entry of box i of `tile` (-1 past the keys), unchecked: the range
   // check waits for the load, so it runs where issue_tile uses the entry, an iteration later (checked here, the
   // load's latency stalled warp 0, ahead of its warpgroup's MMAs, on every tile).
   auto fetch_page = [&](int tile) {
@@ -441,50 +441,51 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     }
     return p;
   };
-  // Warp 0 runs this ahead of its warpgroup's MMAs on every tile, so it is kept short: a box's presence comes from
+  // Warpgroup 0 runs this ahead of its MMAs on every tile, so it is kept short: a box's presence comes from
   // one ballot, a key's box from a shift (rb is a power of two), and lane i issues box i's loads itself. With a
   // division and a shuffle per mask word here, paged K/V ran at 0.78x of contiguous at S=8k on the H200; 0.99x
   // without (ncu: its warpgroup's MMAs waited on warp 0, and every load left later).
   const int rb_shift = __ffs(rb) - 1;
-  auto issue_tile = [&](int tile, int stage, int32_t entry) {  // warp 0
+  // The warps of warpgroup 0 share the issue: warp w loads half w / 2 of K (w even) or V (w odd), lane i its box
+  // i, so no warp issues more than one copy per box (warp 0 alone issued four). Warp 0 also writes the mask and
+  // the expected bytes. Every one of these warps reads the tile's page entries (lane i: box i).
+  auto issue_tile = [&](int tile, int stage, int32_t entry) {  // warps 0-3
     const int my_page = pool_page(a, entry);
+    const int w4 = tid >> 5;
     const uint32_t bar = sBar + 8 * stage;
     const uint32_t sK = sKV + stage * 2 * Cfg::kKvTileBytes;
-    const uint32_t sV = sK + Cfg::kKvTileBytes;
     const int key0 = tile * BN;
-    const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
+    if (w4 == 0) {
+      const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
 #pragma unroll
-    for (int w = 0; w < BN / 32; ++w) {  // which of the tile's keys exist
-      const int kl = w * 32 + lane;
-      const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
-      const unsigned bits = __ballot_sync(0xffffffff, ok);
-      if (lane == 0) sMask[stage * 4 + w] = bits;
-    }
-    if (lane == 0) mbar_expect_tx(bar, 2 * Cfg::kKvTileBytes);
-    __syncwarp();
-    if (paged) {
-      if (lane < nbox) {
-        const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
-        const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
-#pragma unroll
-        for (int h = 0; h < D / 64; ++h) {
-          const uint32_t off = h * BN * 128 + lane * rb * 128;
-          tma_load_5d(sK + off, &kvm.k, bar, h * 64, hkv, slot, layer, blk);
-          tma_load_5d(sV + off, &kvm.v, bar, h * 64, hkv, slot, a.num_layers + layer, blk);
-        }
+      for (int w = 0; w < BN / 32; ++w) {  // which of the tile's keys exist
+        const int kl = w * 32 + lane;
+        const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
+        const unsigned bits = __ballot_sync(0xffffffff, ok);
+        if (lane == 0) sMask[stage * 4 + w] = bits;
       }
-    } else if (lane == 0) {
-      const int row0 = st.kv_base + key0;  // rows past the tensor: zeros
-#pragma unroll
-      for (int h = 0; h < D / 64; ++h) {
-        tma_load_3d(sK + h * BN * 128, &kvm.k, bar, h * 64, hkv, row0);
-        tma_load_3d(sV + h * BN * 128, &kvm.v, bar, h * 64, hkv, row0);
+      // Before or after the other warps' copies complete: the phase needs this arrival either way.
+      if (lane == 0) mbar_expect_tx(bar, 2 * Cfg::kKvTileBytes);
+    }
+    const int h = w4 >> 1;
+    const bool is_v = (w4 & 1) != 0;
+    if (h < D / 64) {
+      const uint32_t dst = sK + (is_v ? Cfg::kKvTileBytes : 0) + h * BN * 128;
+      const CUtensorMap* map = is_v ? &kvm.v : &kvm.k;
+      if (paged) {
+        if (lane < nbox) {
+          const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
+          const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
+          tma_load_5d(dst + lane * rb * 128, map, bar, h * 64, hkv, slot, (is_v ? a.num_layers : 0) + layer, blk);
+        }
+      } else if (lane == 0) {
+        tma_load_3d(dst, map, bar, h * 64, hkv, st.kv_base + key0);  // rows past the tensor: zeros
       }
     }
   };
 
   int page_next = -1;
-  if (num_tiles > 0 && tid < 32) {
+  if (num_tiles > 0 && tid < 128) {
     issue_tile(tile_first, 0, fetch_page(tile_first));
     page_next = fetch_page(tile_first + 1);
   }
@@ -532,7 +533,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   // cp.async loader that measured 5% faster on the H200 than after them (381 against 361 TFLOP/s at S=8k), with
   // TMA 10% (504 against 450).
   auto load_next = [&](int it) {
-    if (tid < 32 && it + 1 < num_tiles) {
+    if (tid < 128 && it + 1 < num_tiles) {
       issue_tile(tile_first + it + 1, (it + 1) % STAGES, page_next);
       page_next = fetch_page(tile_first + it + 2);
     }
