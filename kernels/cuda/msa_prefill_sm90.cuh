@@ -54,6 +54,39 @@ struct MsaPrefillSm90 {
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // the base is rounded up to 1024 bytes
 };
 
+#if defined(MSA_OPS_SM90_WGMMA)
+// The online softmax of one union block (first key key0) over a thread's two rows, shared by both MSA prefill
+// kernels: a row sees the block's keys if its token selected the block (bit tok_rel of the block's token mask
+// `words`), up to its bound row_hi (key <= position, key < the sequence's keys).
+template <int NS>
+__device__ __forceinline__ void msa_block_softmax(float* s, const uint32_t* words, int key0, const int* tok_rel,
+                                                  const int* row_hi, float* m_run, float* l_run, float* corr,
+                                                  float sl2, int lane) {
+  bool sel[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) sel[i] = (words[tok_rel[i] / 32] >> (tok_rel[i] % 32)) & 1u;
+  constexpr int BN = NS * 8;
+  const bool full = sl2 > 0.f && sel[0] && sel[1] && key0 + BN <= row_hi[0] && key0 + BN <= row_hi[1];
+  float m_new[2] = {m_run[0], m_run[1]};
+  if (full) {
+    wg_raw_max<NS>(s, m_new, sl2);
+  } else {
+    const int lim[2] = {sel[0] ? row_hi[0] - key0 : 0, sel[1] ? row_hi[1] - key0 : 0};
+#pragma unroll
+    for (int jj = 0; jj < NS; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const int kl = jj * 8 + (lane % 4) * 2 + (e % 2);
+        s[jj * 4 + e] = kl < lim[i] ? s[jj * 4 + e] * sl2 : -INFINITY;
+        m_new[i] = fmaxf(m_new[i], s[jj * 4 + e]);
+      }
+    }
+  }
+  wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
+}
+#endif
+
 // a: the MSA call as a paged ragged attention (page_size 128, num_partitions 1, no sink), d_idx: [Hkv, T, topk].
 __global__ void __launch_bounds__(256, 1)
     msa_prefill_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm, const int32_t* __restrict__ d_idx,
@@ -211,31 +244,8 @@ __global__ void __launch_bounds__(256, 1)
   };
   auto issue_qk = [&](int g) { wg_qk<T, BM, BN, D>(s, q_wg, sK0 + (g & 1) * C::kTileBytes); };
   auto issue_pv = [&](int g) { wg_pv<T, BN, D>(o, pf, sV0 + (g & 1) * C::kTileBytes); };
-  // The online softmax of union block j: a row sees the block's keys if its token selected the block, up to
-  // its bound (key <= position, key < the sequence's keys).
-  auto softmax = [&](int j) {
-    const int key0 = sIds[j] * BN;
-    bool sel[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) sel[i] = (sMask[j * C::kMaskWords + tok_rel[i] / 32] >> (tok_rel[i] % 32)) & 1u;
-    const bool full = sl2 > 0.f && sel[0] && sel[1] && key0 + BN <= row_hi[0] && key0 + BN <= row_hi[1];
-    float m_new[2] = {m_run[0], m_run[1]};
-    if (full) {
-      wg_raw_max<NS>(s, m_new, sl2);
-    } else {
-      const int lim[2] = {sel[0] ? row_hi[0] - key0 : 0, sel[1] ? row_hi[1] - key0 : 0};
-#pragma unroll
-      for (int jj = 0; jj < NS; ++jj) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e / 2;
-          const int kl = jj * 8 + (lane % 4) * 2 + (e % 2);
-          s[jj * 4 + e] = kl < lim[i] ? s[jj * 4 + e] * sl2 : -INFINITY;
-          m_new[i] = fmaxf(m_new[i], s[jj * 4 + e]);
-        }
-      }
-    }
-    wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
+  auto softmax = [&](int j) {  // union block j
+    msa_block_softmax<NS>(s, sMask + j * C::kMaskWords, sIds[j] * BN, tok_rel, row_hi, m_run, l_run, corr, sl2, lane);
   };
   auto rescale_and_pack = [&]() { wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr); };
 

@@ -19,7 +19,7 @@
 // otherwise (MSA_OPS_MSA_PREFILL_WS=0 selects it always).
 #pragma once
 
-#include "attention_sm90.cuh"
+#include "msa_prefill_sm90.cuh"
 
 namespace msa_ops {
 namespace cuda {
@@ -373,29 +373,9 @@ __global__ void __launch_bounds__(384, 1)
             named_sync(2, C::kConsumerThreads);
           }
         };
-        auto softmax = [&](int j) {  // msa_prefill_sm90.cuh's
-          const int key0 = ids[j] * BN;
-          bool sel[2];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) sel[i] = (mask[j * C::kMaskWords + tok_rel[i] / 32] >> (tok_rel[i] % 32)) & 1u;
-          const bool full = sl2 > 0.f && sel[0] && sel[1] && key0 + BN <= row_hi[0] && key0 + BN <= row_hi[1];
-          float m_new[2] = {m_run[0], m_run[1]};
-          if (full) {
-            wg_raw_max<NS>(s, m_new, sl2);
-          } else {
-            const int lim[2] = {sel[0] ? row_hi[0] - key0 : 0, sel[1] ? row_hi[1] - key0 : 0};
-#pragma unroll
-            for (int jj = 0; jj < NS; ++jj) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int i = e / 2;
-                const int kl = jj * 8 + (lane % 4) * 2 + (e % 2);
-                s[jj * 4 + e] = kl < lim[i] ? s[jj * 4 + e] * sl2 : -INFINITY;
-                m_new[i] = fmaxf(m_new[i], s[jj * 4 + e]);
-              }
-            }
-          }
-          wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
+        auto softmax = [&](int j) {
+          msa_block_softmax<NS>(s, mask + j * C::kMaskWords, ids[j] * BN, tok_rel, row_hi, m_run, l_run, corr, sl2,
+                                lane);
         };
         if (n > 0) {
           wait_k(g);
