@@ -177,6 +177,14 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
 __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2, int c3, int c4) {
   asm volatile(
@@ -416,7 +424,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   __syncthreads();  // the mbarriers are initialized before anyone waits on them
 
   // ---- K/V tiles by TMA, issued by warps 0-3. Paged: box i of a tile holds key rows [i rb, (i+1) rb), one page
-  // each; lane i of warp 0 fetches its page id a tile ahead and issues its loads.
+  // each; lane i of each of these warps fetches box i's page id a tile ahead and issues that box's loads.
   const bool paged = a.kv_mode == kKvPaged;
   const int32_t* lut_row = nullptr;
   int layer = 0;

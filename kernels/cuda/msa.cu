@@ -515,34 +515,33 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   Sm90Kv kv;  // the TMA descriptors of the pool (without them the per-token kernel serves the call)
   const bool prefill = m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m) &&
                        make_sm90_kv<__nv_bfloat16, kD>(a, &kv) && kv.box_rows == kBlock;
-  CUtensorMap qmap;
-  const int64_t ws_items =
-      prefill ? (m.B + ceil_div(static_cast<int64_t>(m.T) * m.group, MsaPrefillWs::kBlockM)) * m.Hkv : 0;
-  // setmaxnreg hands the producer's registers to the consumers: the launch must hold the whole pool.
-  static const bool ws_regs_ok = [] {
-    cudaFuncAttributes fa{};
-    return cudaFuncGetAttributes(&fa, msa_prefill_ws_sm90_kernel) == cudaSuccess &&
-           fa.numRegs >= MsaPrefillWs::kLaunchRegs;
-  }();
-  if (prefill && ws_regs_ok && ws_items <= INT32_MAX && make_msa_q_map(m, &qmap)) {
-    // persistent: one CTA per SM (or per work item when there are fewer)
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const int grid = static_cast<int>(ws_items < sms ? ws_items : (sms > 0 ? sms : 1));
-    const int tiles_x = static_cast<int>(ws_items / m.Hkv);
-    auto kernel = msa_prefill_ws_sm90_kernel;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillWs::kSmemAlloc);
-    kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(a, kv, qmap, m.d_indices, m.topk,
-                                                                              tiles_x);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-      return Error::Internal(std::string(target) + ": prefill kernel launch failed: " + cudaGetErrorString(e));
-  } else if (prefill) {
-    auto kernel = msa_prefill_sm90_kernel;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);
-    const int grid_x = static_cast<int>(m.B + ceil_div(static_cast<int64_t>(m.T) * m.group, MsaPrefillSm90::kBlockM));
-    kernel<<<dim3(grid_x, m.Hkv), MsaPrefillSm90::kThreads, MsaPrefillSm90::kSmemAlloc, stream>>>(a, kv, m.d_indices,
-                                                                                                  m.topk);
+  if (prefill) {
+    static_assert(MsaPrefillWs::kBlockM == MsaPrefillSm90::kBlockM, "one query tiling for both prefill kernels");
+    const int64_t tiles_x = m.B + ceil_div(static_cast<int64_t>(m.T) * m.group, MsaPrefillSm90::kBlockM);
+    const int64_t ws_items = tiles_x * m.Hkv;
+    // setmaxnreg hands the producer's registers to the consumers: the launch must hold the whole pool.
+    static const bool ws_regs_ok = [] {
+      cudaFuncAttributes fa{};
+      return cudaFuncGetAttributes(&fa, msa_prefill_ws_sm90_kernel) == cudaSuccess &&
+             fa.numRegs >= MsaPrefillWs::kLaunchRegs;
+    }();
+    CUtensorMap qmap;
+    if (ws_regs_ok && ws_items <= INT32_MAX && make_msa_q_map(m, &qmap)) {
+      // persistent: one CTA per SM (or per work item when there are fewer)
+      int dev = 0, sms = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      const int grid = static_cast<int>(ws_items < sms ? ws_items : (sms > 0 ? sms : 1));
+      auto kernel = msa_prefill_ws_sm90_kernel;
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillWs::kSmemAlloc);
+      kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(a, kv, qmap, m.d_indices, m.topk,
+                                                                                static_cast<int>(tiles_x));
+    } else {
+      auto kernel = msa_prefill_sm90_kernel;
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);
+      kernel<<<dim3(static_cast<int>(tiles_x), m.Hkv), MsaPrefillSm90::kThreads, MsaPrefillSm90::kSmemAlloc,
+               stream>>>(a, kv, m.d_indices, m.topk);
+    }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": prefill kernel launch failed: " + cudaGetErrorString(e));
   } else if (m.T > 0 && m.topk > 0) {

@@ -36,7 +36,7 @@ struct MsaPrefillWs {
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 128;
   static constexpr int kChunk = 128;  // union blocks per plan slot
-  static constexpr int kMaxPages = 16384;
+  static constexpr int kMaxPages = MsaPrefillSm90::kMaxPages;  // the bound use_prefill_sm90 checks (msa.cu)
   static constexpr int kMaxWords = kMaxPages / 32;
   static constexpr int kTileBytes = kBlockN * kD * 2;
   static constexpr int kMaskWords = kBlockM / 32;
@@ -90,14 +90,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void tma_load_4d_q(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
-                                              int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
 }
 #endif
 
@@ -183,8 +175,8 @@ __global__ void __launch_bounds__(384, 1)
           const int tok = st.q_base + st.row0 / a.group;
 #pragma unroll
           for (int h = 0; h < D / 64; ++h)
-            tma_load_4d_q(s0 + C::kOffQ + qb * C::kTileBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb), h * 64,
-                          0, it.hkv, tok);
+            tma_load_4d(s0 + C::kOffQ + qb * C::kTileBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb), h * 64,
+                        0, it.hkv, tok);
         }
         ++qi;
         for (;;) {
