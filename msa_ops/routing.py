@@ -110,7 +110,7 @@ def plan_mha(
         max_keys = max(1, max_keys_static)
     rows = max_q * group
     if rows <= Q_TILE_ROWS:
-        tile_m = 16 if rows <= 16 else _align_up(rows, 16)
+        tile_m = 8 if rows <= 8 else 16 if rows <= 16 else _align_up(rows, 16)
         auto = get_num_partitions(batch, max_keys, n_kv_heads=n_kv_heads, sm_count=sm_count * DECODE_CTAS_PER_SM)
         np_ = num_partitions if num_partitions > 0 else auto
         route = "decode" if max_q == 1 else "speculative"

@@ -189,6 +189,38 @@ def test_cuda_mha_128_row_tiles_match_oracle(case, kernel, monkeypatch):
     assert_close(got, want, budget_for(case["dtype"]))
 
 
+@pytest.mark.parametrize("group,n_tok", [(1, 8), (2, 4), (4, 2), (4, 1), (8, 1)])
+@pytest.mark.parametrize("mask", MASKS)
+def test_cuda_mha_8_row_tiles_match_oracle(group, n_tok, mask):
+    """The transposed 8-row tile (decode and short speculative steps, group <= 8): every mask, sinks, split-K,
+    both dtypes and head dims, pages 16 and 128. One sequence is longer than the max_prompt_length hint, so it
+    spans several 8-row tiles (the hint steers routing only)."""
+    i = MASKS.index(mask)
+    rng = np.random.default_rng(7000 + 10 * group + n_tok + 100 * i)
+    n = [int(x) for x in rng.integers(1, n_tok + 1, 6)]
+    n[0], n[2] = n_tok, 3 * n_tok + 5
+    cache = [int(x) for x in rng.integers(0, 480, 6)]
+    cache[1] = 0
+    batch = RaggedBatch(n, cache, sum(n) + 2)
+    hkv, d, page = 2, [128, 64][i % 2], [16, 128][(i + group) % 2]
+    dtype = [jnp.bfloat16, jnp.float16][(i + n_tok) % 2]
+    h = hkv * group
+    cache_ = make_paged_cache(rng, [c + m for c, m in zip(batch.cache, batch.n)], page_size=page,
+                              max_pages=-(-512 // page), n_kv_heads=hkv, head_dim=d, dtype=dtype)
+    q = rand(rng, (batch.T, h, d), dtype)
+    sink = rand(rng, (h,), dtype) if (i + group) % 2 else None
+    kv_blocks = nan_past_keys(cache_, batch.cache, batch.n, page)
+    args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache_.lut, 1)
+    kw = dict(mask_str=mask, local_window_size=int(rng.integers(1, 60)))
+    for np_ in (0, 1, 3):
+        plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=np_, max_prompt_length=n_tok, **kw)
+        assert plan.tile_m == 8
+        got = jax.jit(lambda *a, np_=np_: msa_ops.mha_ragged_paged(
+            *a, sink_weights=sink, num_partitions=np_, implementation="native", max_prompt_length=n_tok, **kw))(*args)
+        want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
+        assert_close(got, want, budget_for(dtype))
+
+
 @pytest.mark.parametrize("np_", [0, 1, 5])
 @pytest.mark.parametrize("mask", ["causal", "null", "chunked_causal"])
 def test_cuda_mha_padded_paged_matches_oracle(np_, mask):

@@ -59,7 +59,11 @@ def test_mha_ladder_decode_vs_prefill_boundary():
     p = _plan_mha(t=17 + 7, b=8)
     assert p.max_q == 17 and p.route == "prefill" and p.kernel == "1q" and p.tile_m == 64
     p = _plan_mha(t=8, b=8)
-    assert p.route == "decode" and p.max_q == 1 and p.tile_m == 16
+    assert p.route == "decode" and p.max_q == 1 and p.tile_m == 8  # 4 rows: the transposed 8-row tile
+    p = _plan_mha(t=8, b=8, h=64)  # group 8: still 8 rows
+    assert p.route == "decode" and p.tile_m == 8
+    p = _plan_mha(t=8, b=8, h=128)  # group 16
+    assert p.route == "decode" and p.tile_m == 16
     # 2q once a sequence may hold 128 rows
     assert _plan_mha(t=127 + 7, b=8).kernel == "1q"
     assert _plan_mha(t=128 + 7, b=8).kernel == "2q" and _plan_mha(t=128 + 7, b=8).tile_m == 128

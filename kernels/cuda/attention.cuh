@@ -119,6 +119,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
                : "r"(addr));
 }
 
+// The transpose of an 8x8 matrix of 16-bit elements held as an mma fragment (lane l: row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1), as the same kind of fragment.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // The key row and 16-byte chunk this lane points ldmatrix .x4 at, for the 16 keys from key0 and the chunks ch0,
 // ch0 + 1 of a K or V tile. K (the B operand of Q K^T) orders the four 8x8 matrices (keys 0-7, ch0), (0-7,
 // ch0 + 1), (8-15, ch0), (8-15, ch0 + 1); V (the B operand of P V, read with .trans) orders them (keys 0-7,
@@ -329,9 +337,11 @@ struct AttentionConfig {
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
   static constexpr int kBlockN = 64;
-  static constexpr int kWarpsM = BLOCK_M / 16 < kWarps ? BLOCK_M / 16 : kWarps;  // warps along rows
+  // 8-row tiles (decode of at most 8 rows) run transposed: keys on the MMA's M side (attention_kernel).
+  static constexpr bool kTransposed = BLOCK_M == 8;
+  static constexpr int kWarpsM = kTransposed ? 1 : BLOCK_M / 16 < kWarps ? BLOCK_M / 16 : kWarps;  // along rows
   static constexpr int kWarpsN = kWarps / kWarpsM;                                // warps along keys
-  static constexpr int kMBlocks = BLOCK_M / (16 * kWarpsM);  // 16-row MMA blocks per warp
+  static constexpr int kMBlocks = kTransposed ? 1 : BLOCK_M / (16 * kWarpsM);  // 16-row MMA blocks per warp
   static constexpr bool kQInRegs = kMBlocks == 1;           // else Q fragments are re-read from smem
   static constexpr int kWarpKeys = kBlockN / kWarpsN;
   // Keys a warp scores at a time: two row blocks hold half as many scores in registers.
@@ -343,7 +353,9 @@ struct AttentionConfig {
   static constexpr int kRowStep = kThreads / kChunksPerRow;  // key rows one pass of the CTA loads
   static constexpr int kPasses = kBlockN / kRowStep;
   static constexpr int kSmemValid = STAGES * (kBlockN + kRowStep) * 4;
-  static constexpr int kSmemMerge = kWarpsN > 1 ? kWarps * (16 * D + 32) * 4 : 0;
+  static constexpr int kMergeRows = kTransposed ? 8 : 16;   // rows of a warp's partial state in the merge
+  static constexpr int kMergeStride = kTransposed ? D + 4 : D;  // floats per row (padded: conflict-free stores)
+  static constexpr int kSmemMerge = kWarpsN > 1 ? kWarps * kMergeRows * (kMergeStride + 2) * 4 : 0;
   static constexpr int kSmemBytes =
       kSmemQ + (kSmemKv + kSmemValid > kSmemMerge ? kSmemKv + kSmemValid : kSmemMerge);
   static_assert(kWarpsM * kWarpsN == kWarps, "warp layout");
@@ -352,7 +364,7 @@ struct AttentionConfig {
 };
 
 // Tiles of this height (decode) put the kv heads of a query tile next to each other in the grid (attention_kernel).
-constexpr int kHeadsFastestRows = 16;
+constexpr int kHeadsFastestRows = 16;  // and lower
 
 template <typename T, int D, int BLOCK_M, int STAGES>
 __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
@@ -369,7 +381,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 
   // Grid: x = query tile, y = kv head; 16-row (decode) tiles: x = query tile * Hkv + kv head, so the CTAs that run
   // together are the kv heads of a few sequences and read neighbouring bytes of the same key rows.
-  constexpr bool kHeadsFastest = kHeadsFastestRows == BLOCK_M;
+  constexpr bool kHeadsFastest = BLOCK_M <= kHeadsFastestRows;
   const int x_tile = kHeadsFastest ? static_cast<int>(blockIdx.x) / a.Hkv : static_cast<int>(blockIdx.x);
   const SeqTile st = locate_tile<BLOCK_M>(a, x_tile);
   if (st.b < 0) return;
@@ -501,259 +513,456 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   }
   __syncthreads();  // sQ visible
 
-  constexpr int MB = Cfg::kMBlocks;
-  const int warp_row0_q = warp_m * 16 * MB;  // first row (within the tile) of this warp
-  auto load_q_frag = [&](uint32_t* f, int mb, int kk) {
-    const int r = warp_row0_q + mb * 16 + (lane % 16);
-    const int ch = kk * 2 + lane / 16;
-    ldmatrix_x4(f, smem_addr(sQ + SwizzledTile<D>::offset(r, ch)));
-  };
-  // Q fragments stay in registers when the warp holds one row block.
-  uint32_t qf[Cfg::kQInRegs ? KD : 1][4];
-  if constexpr (Cfg::kQInRegs) {
+  if constexpr (Cfg::kTransposed) {
+    // Tiles of at most 8 rows (decode with group <= 8): S^T = K Q^T puts the warp's 16 keys on the MMA's M side
+    // and the tile's 8 rows on its N side, and O^T = V^T P^T likewise, so no MMA or exponential is spent on the
+    // 8 empty rows a 16-row tile would carry. Each warp takes 16 keys of the 64-key tile. Thread (g, t) =
+    // (lane / 4, lane % 4) holds S^T at keys g, g + 8 and rows 2t, 2t + 1, and O^T at dims 16j + g, 16j + g + 8 and
+    // the same rows; the row statistics reduce across g.
+    const int t2 = (lane % 4) * 2;
+    const int key_w0 = warp * Cfg::kWarpKeys;
+    // Q^T is the B operand of every k step: fragment kk is rows 0-7 x dims 16kk..16kk+15, held in registers.
+    uint32_t qb[KD][2];
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk) load_q_frag(qf[kk], 0, kk);
-  }
-
-  // Per-thread state: rows lane/4 and lane/4 + 8 of each of the warp's MB row blocks.
-  float o[MB][ND][4];
-  float m_run[MB][2], l_run[MB][2];
-  int row_lo[MB][2], row_hi[MB][2];
+    for (int kk = 0; kk < KD; kk += 2) {
+      uint32_t r[4];
+      ldmatrix_x4(r, smem_addr(sQ + SwizzledTile<D>::offset(lane % 8, kk * 2 + lane / 8)));
+      qb[kk][0] = r[0];
+      qb[kk][1] = r[1];
+      qb[kk + 1][0] = r[2];
+      qb[kk + 1][1] = r[3];
+    }
+    float o[KD][4];
 #pragma unroll
-  for (int mb = 0; mb < MB; ++mb) {
-#pragma unroll
-    for (int j = 0; j < ND; ++j) o[mb][j][0] = o[mb][j][1] = o[mb][j][2] = o[mb][j][3] = 0.f;
+    for (int j = 0; j < KD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    int row_lo[2], row_hi[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      m_run[mb][i] = -INFINITY;
-      l_run[mb][i] = 0.f;
-      const int pr = st.row0 + warp_row0_q + mb * 16 + lane / 4 + i * 8;
+      const int pr = st.row0 + t2 + i;
+      row_lo[i] = row_hi[i] = 0;
       if (pr < rows_seq) {
         const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
-        row_lo[mb][i] = static_cast<int>(imax(iv.lo, k_lo));
-        row_hi[mb][i] = static_cast<int>(imin(iv.hi, k_hi));
-      } else {
-        row_lo[mb][i] = 0;
-        row_hi[mb][i] = 0;
+        row_lo[i] = static_cast<int>(imax(iv.lo, k_lo));
+        row_hi[i] = static_cast<int>(imin(iv.hi, k_hi));
       }
     }
-  }
-  // Keys every row of the tile sees: a tile inside [full_lo, full_hi) whose keys all exist needs no mask.
-  const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
-  const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
-  const float sl2 = a.scale_log2;
+    const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
+    const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
+    const float sl2 = a.scale_log2;
 
-  for (int it = 0; it < num_tiles; ++it) {
-    const int tile = tile_first + it;
-    const int stage = it % STAGES;
-    // Issue the load STAGES-1 ahead, then wait for this tile.
-    {
-      const int nxt = it + STAGES - 1;
-      if (nxt < num_tiles) {
-        load_tile(tile_first + nxt, nxt % STAGES, entry);
-        entry = fetch_pages(tile_first + nxt + 1);
-      }
-      cp_async_commit();
-    }
-    cp_async_wait<STAGES - 1>();
-    __syncthreads();
-    const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
-    const T* sV = sK + Cfg::kKvTileElems;
-    const int* valid = sValid + stage * (BN + RSTEP);
-    const int tile_key0 = tile * BN;
-    int present = 0;
-#pragma unroll
-    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
-    const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
-    constexpr int kChunks = Cfg::kWarpKeys / Cfg::kChunkKeys;
-#pragma unroll 1
-    for (int kc = 0; kc < kChunks; ++kc) {
-    const int key_w0 = warp_n * Cfg::kWarpKeys + kc * Cfg::kChunkKeys;  // first key of this chunk in the tile
-
-    // S = Q K^T for this warp's keys: each K fragment feeds all MB row blocks.
-    float s[MB][NB_WARP][4];
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-      for (int j = 0; j < NB_WARP; ++j) s[mb][j][0] = s[mb][j][1] = s[mb][j][2] = s[mb][j][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      uint32_t qtmp[MB][4];
-      if constexpr (!Cfg::kQInRegs) {
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb) load_q_frag(qtmp[mb], mb, kk);
-      }
-#pragma unroll
-      for (int j = 0; j < NB_WARP; j += 2) {
-        uint32_t kf[4];
-        const FragAddr f = k_frag_addr(lane, key_w0 + j * 8, kk * 2);
-        ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<D>::offset(f.key, f.ch)));
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-          const uint32_t* af = Cfg::kQInRegs ? qf[kk] : qtmp[mb];
-          M::run(s[mb][j], af, kf);
-          M::run(s[mb][j + 1], af, kf + 2);
+    for (int it = 0; it < num_tiles; ++it) {
+      const int tile = tile_first + it;
+      const int stage = it % STAGES;
+      {
+        const int nxt = it + STAGES - 1;
+        if (nxt < num_tiles) {
+          load_tile(tile_first + nxt, nxt % STAGES, entry);
+          entry = fetch_pages(tile_first + nxt + 1);
         }
+        cp_async_commit();
       }
-    }
+      cp_async_wait<STAGES - 1>();
+      __syncthreads();
+      const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
+      const T* sV = sK + Cfg::kKvTileElems;
+      const int* valid = sValid + stage * (BN + RSTEP);
+      const int tile_key0 = tile * BN;
+      int present = 0;
+#pragma unroll
+      for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
+      const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
 
-    // Online softmax in log2 units. A full tile (every key exists and is visible to every row) skips the mask
-    // and folds the scale into the exponent: p = 2^(s * scale_log2 - m).
-    uint32_t pf[MB][NB_WARP / 2][4];
+      // S^T = K Q^T: K (keys x dims, row-major in smem) is the A operand as it lies.
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int mb = 0; mb < MB; ++mb) {
-      float m_new[2] = {m_run[mb][0], m_run[mb][1]};
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t kf[4];
+        const FragAddr f = v_frag_addr(lane, key_w0, kk * 2);  // (keys 0-7, c), (8-15, c), (0-7, c+1), (8-15, c+1)
+        ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<D>::offset(f.key, f.ch)));
+        M::run(s, kf, qb[kk]);
+      }
+      // Online softmax in log2 units; s[e] is key key_w0 + g + 8 (e / 2), row 2t + e % 2.
+      float m_new[2] = {m_run[0], m_run[1]};
       if (full) {
-        float raw[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < NB_WARP; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[mb][j][e]);
-        m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
-        m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+        m_new[0] = fmaxf(m_new[0], fmaxf(s[0], s[2]) * sl2);
+        m_new[1] = fmaxf(m_new[1], fmaxf(s[1], s[3]) * sl2);
       } else {
 #pragma unroll
-        for (int j = 0; j < NB_WARP; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = e / 2;
-            const int kl = key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
-            const int key = tile_key0 + kl;
-            const bool vis = key >= row_lo[mb][i] && key < row_hi[mb][i] && valid[kl];
-            s[mb][j][e] = vis ? s[mb][j][e] * sl2 : -INFINITY;
-            m_new[i] = fmaxf(m_new[i], s[mb][j][e]);
-          }
+        for (int e = 0; e < 4; ++e) {
+          const int i = e % 2;
+          const int kl = key_w0 + lane / 4 + (e / 2) * 8;
+          const int key = tile_key0 + kl;
+          const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
+          s[e] = vis ? s[e] * sl2 : -INFINITY;
+          m_new[i] = fmaxf(m_new[i], s[e]);
         }
       }
       float corr[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
-        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-        corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[mb][i] - m_new[i]);
-        m_run[mb][i] = m_new[i];
-        l_run[mb][i] *= corr[i];
+#pragma unroll
+        for (int d = 4; d < 32; d <<= 1) m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], d));
+        corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[i] - m_new[i]);
+        m_run[i] = m_new[i];
+        l_run[i] *= corr[i];
       }
-      // Rescale the accumulator only when some row of the warp raised its running max (rare after the first
-      // tiles): a warp-uniform branch saves D/2 multiplies per thread per tile.
       if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < ND; ++j) {
-          o[mb][j][0] *= corr[0];
-          o[mb][j][1] *= corr[0];
-          o[mb][j][2] *= corr[1];
-          o[mb][j][3] *= corr[1];
+        for (int j = 0; j < KD; ++j) {
+          o[j][0] *= corr[0];
+          o[j][1] *= corr[1];
+          o[j][2] *= corr[0];
+          o[j][3] *= corr[1];
         }
       }
-      const float neg_m[2] = {m_run[mb][0] == -INFINITY ? 0.f : -m_run[mb][0],
-                              m_run[mb][1] == -INFINITY ? 0.f : -m_run[mb][1]};
-#pragma unroll
-      for (int j = 0; j < NB_WARP; ++j) {
-        float p[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e / 2;
-          // exp2(-inf) = 0 covers masked keys; rows with no visible key yet have m = -inf and all s = -inf.
-          const float x = full ? fmaf(s[mb][j][e], sl2, neg_m[i]) : s[mb][j][e] + neg_m[i];
-          p[e] = fast_exp2(x);  // one exponential per score
-          l_run[mb][i] += p[e];
-        }
-        pf[mb][j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
-        pf[mb][j / 2][(j % 2) * 2 + 1] = M::pack(p[2], p[3]);
-      }
-    }
-    // O += P V over this warp's keys (k steps of 16 keys): each V fragment feeds all MB row blocks.
-#pragma unroll
-    for (int ks = 0; ks < NB_WARP / 2; ++ks) {
-#pragma unroll
-      for (int jd = 0; jd < ND; jd += 2) {
-        uint32_t vf[4];
-        const FragAddr f = v_frag_addr(lane, key_w0 + ks * 16, jd);
-        ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<D>::offset(f.key, f.ch)));
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-          M::run(o[mb][jd], pf[mb][ks], vf);
-          M::run(o[mb][jd + 1], pf[mb][ks], vf + 2);
-        }
-      }
-    }
-    }  // key chunks
-    __syncthreads();  // the stage is free for the next load
-  }
-  cp_async_wait<0>();
-
-  // Row sums over the quad.
-#pragma unroll
-  for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l_run[mb][i] += __shfl_xor_sync(0xffffffff, l_run[mb][i], 1);
-      l_run[mb][i] += __shfl_xor_sync(0xffffffff, l_run[mb][i], 2);
-    }
-
-  // Merge the key-split warps (decode layout: one row block, warps along keys) through shared memory.
-  if constexpr (Cfg::kWarpsN > 1) {
-    __syncthreads();
-    float* mo = reinterpret_cast<float*>(smem_raw + Cfg::kSmemQ);  // [warps][16][D]
-    float* ml = mo + Cfg::kWarps * 16 * D;                         // [warps][16][2] (m, l)
-#pragma unroll
-    for (int j = 0; j < ND; ++j) {
+      const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
+      float p[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = lane / 4 + (e / 2) * 8;
-        const int col = j * 8 + (lane % 4) * 2 + (e % 2);
-        mo[(warp * 16 + r) * D + col] = o[0][j][e];
+        const int i = e % 2;
+        p[e] = fast_exp2(full ? fmaf(s[e], sl2, neg_m[i]) : s[e] + neg_m[i]);
+        l_run[i] += p[e];
       }
+      // P^T is the B operand of O^T = V^T P^T: each 8x8 (key x row) block of P, transposed in registers.
+      const uint32_t pb[2] = {movmatrix_trans(M::pack(p[0], p[1])), movmatrix_trans(M::pack(p[2], p[3]))};
+      // O^T += V^T P^T: V (keys x dims in smem) read transposed is the A operand.
+#pragma unroll
+      for (int j = 0; j < KD; ++j) {
+        uint32_t vf[4];
+        const FragAddr f = k_frag_addr(lane, key_w0, j * 2);  // (keys 0-7, c), (0-7, c+1), (8-15, c), (8-15, c+1)
+        ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<D>::offset(f.key, f.ch)));
+        M::run(o[j], vf, pb);
+      }
+      __syncthreads();  // the stage is free for the next load
     }
-    if (lane % 4 == 0) {
+    cp_async_wait<0>();
+
+    // Row sums across g, then the four warps' states merge through shared memory; thread tid then finishes row
+    // tid / 16, dims (tid % 16) * D / 16 onwards.
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int d = 4; d < 32; d <<= 1) l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], d);
+    __syncthreads();
+    constexpr int MS = Cfg::kMergeStride;
+    float* mo = reinterpret_cast<float*>(smem_raw + Cfg::kSmemQ);  // [warps][8][MS]
+    float* ml = mo + Cfg::kWarps * 8 * MS;                         // [warps][8][2] (m, l)
+#pragma unroll
+    for (int j = 0; j < KD; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mo[(warp * 8 + t2 + e % 2) * MS + j * 16 + lane / 4 + (e / 2) * 8] = o[j][e];
+    if (lane < 4) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int r = lane / 4 + i * 8;
-        ml[(warp * 16 + r) * 2 + 0] = m_run[0][i];
-        ml[(warp * 16 + r) * 2 + 1] = l_run[0][i];
+        ml[(warp * 8 + t2 + i) * 2 + 0] = m_run[i];
+        ml[(warp * 8 + t2 + i) * 2 + 1] = l_run[i];
       }
     }
     __syncthreads();
-    if (warp != 0) return;  // warp 0 owns the merged state
+    constexpr int DPT = D / 16;  // dims per thread
+    const int r = tid / 16, d0 = (tid % 16) * DPT;
+    const int pr = st.row0 + r;
+    if (pr >= rows_seq) return;
+    float mt = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = lane / 4 + i * 8;
-      float mt = -INFINITY;
+    for (int w = 0; w < Cfg::kWarps; ++w) mt = fmaxf(mt, ml[(w * 8 + r) * 2]);
+    float lt = 0.f, f[Cfg::kWarps];
 #pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
-      float lt = 0.f;
-      float f[Cfg::kWarps];
+    for (int w = 0; w < Cfg::kWarps; ++w) {
+      const float mw = ml[(w * 8 + r) * 2];
+      f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
+      lt += f[w] * ml[(w * 8 + r) * 2 + 1];
+    }
+    float acc[DPT];
 #pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) {
-        const float mw = ml[(w * 16 + r) * 2];
-        f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
-        lt += f[w] * ml[(w * 16 + r) * 2 + 1];
+    for (int j = 0; j < DPT; ++j) {
+      acc[j] = 0.f;
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) acc[j] += f[w] * mo[(w * 8 + r) * MS + d0 + j];
+    }
+    const int64_t qrow = st.q_base + pr / group;
+    const int h = hkv * group + pr % group;
+    const bool any = lt > 0.f;
+    if (a.num_partitions <= 1) {
+      const T* sink = static_cast<const T*>(a.sink);
+      float den = lt;
+      if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - mt);
+      const float inv = any ? 1.f / den : 0.f;
+      uint32_t packed[DPT / 2];
+#pragma unroll
+      for (int j = 0; j < DPT / 2; ++j) packed[j] = M::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+      T* dst = static_cast<T*>(a.out) + (qrow * a.H + h) * D + d0;
+      if constexpr (DPT == 8) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < DPT / 2; ++j) reinterpret_cast<uint32_t*>(dst)[j] = packed[j];
       }
-      m_run[0][i] = mt;
-      l_run[0][i] = lt;
+    } else {
+      const float inv = any ? 1.f / lt : 0.f;
+      const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;
+      float4* dst = reinterpret_cast<float4*>(a.ws_o + ws_row * D + d0);
+#pragma unroll
+      for (int j = 0; j < DPT / 4; ++j)
+        dst[j] = make_float4(acc[4 * j] * inv, acc[4 * j + 1] * inv, acc[4 * j + 2] * inv, acc[4 * j + 3] * inv);
+      if (tid % 16 == 0) a.ws_lse[ws_row] = any ? mt + log2f(lt) : -INFINITY;
+    }
+  } else {
+    constexpr int MB = Cfg::kMBlocks;
+    const int warp_row0_q = warp_m * 16 * MB;  // first row (within the tile) of this warp
+    auto load_q_frag = [&](uint32_t* f, int mb, int kk) {
+      const int r = warp_row0_q + mb * 16 + (lane % 16);
+      const int ch = kk * 2 + lane / 16;
+      ldmatrix_x4(f, smem_addr(sQ + SwizzledTile<D>::offset(r, ch)));
+    };
+    // Q fragments stay in registers when the warp holds one row block.
+    uint32_t qf[Cfg::kQInRegs ? KD : 1][4];
+    if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) load_q_frag(qf[kk], 0, kk);
+    }
+
+    // Per-thread state: rows lane/4 and lane/4 + 8 of each of the warp's MB row blocks.
+    float o[MB][ND][4];
+    float m_run[MB][2], l_run[MB][2];
+    int row_lo[MB][2], row_hi[MB][2];
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+      for (int j = 0; j < ND; ++j) o[mb][j][0] = o[mb][j][1] = o[mb][j][2] = o[mb][j][3] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        m_run[mb][i] = -INFINITY;
+        l_run[mb][i] = 0.f;
+        const int pr = st.row0 + warp_row0_q + mb * 16 + lane / 4 + i * 8;
+        if (pr < rows_seq) {
+          const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
+          row_lo[mb][i] = static_cast<int>(imax(iv.lo, k_lo));
+          row_hi[mb][i] = static_cast<int>(imin(iv.hi, k_hi));
+        } else {
+          row_lo[mb][i] = 0;
+          row_hi[mb][i] = 0;
+        }
+      }
+    }
+    // Keys every row of the tile sees: a tile inside [full_lo, full_hi) whose keys all exist needs no mask.
+    const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
+    const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
+    const float sl2 = a.scale_log2;
+
+    for (int it = 0; it < num_tiles; ++it) {
+      const int tile = tile_first + it;
+      const int stage = it % STAGES;
+      // Issue the load STAGES-1 ahead, then wait for this tile.
+      {
+        const int nxt = it + STAGES - 1;
+        if (nxt < num_tiles) {
+          load_tile(tile_first + nxt, nxt % STAGES, entry);
+          entry = fetch_pages(tile_first + nxt + 1);
+        }
+        cp_async_commit();
+      }
+      cp_async_wait<STAGES - 1>();
+      __syncthreads();
+      const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
+      const T* sV = sK + Cfg::kKvTileElems;
+      const int* valid = sValid + stage * (BN + RSTEP);
+      const int tile_key0 = tile * BN;
+      int present = 0;
+#pragma unroll
+      for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
+      const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+      constexpr int kChunks = Cfg::kWarpKeys / Cfg::kChunkKeys;
+#pragma unroll 1
+      for (int kc = 0; kc < kChunks; ++kc) {
+      const int key_w0 = warp_n * Cfg::kWarpKeys + kc * Cfg::kChunkKeys;  // first key of this chunk in the tile
+
+      // S = Q K^T for this warp's keys: each K fragment feeds all MB row blocks.
+      float s[MB][NB_WARP][4];
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int j = 0; j < NB_WARP; ++j) s[mb][j][0] = s[mb][j][1] = s[mb][j][2] = s[mb][j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t qtmp[MB][4];
+        if constexpr (!Cfg::kQInRegs) {
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb) load_q_frag(qtmp[mb], mb, kk);
+        }
+#pragma unroll
+        for (int j = 0; j < NB_WARP; j += 2) {
+          uint32_t kf[4];
+          const FragAddr f = k_frag_addr(lane, key_w0 + j * 8, kk * 2);
+          ldmatrix_x4(kf, smem_addr(sK + SwizzledTile<D>::offset(f.key, f.ch)));
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb) {
+            const uint32_t* af = Cfg::kQInRegs ? qf[kk] : qtmp[mb];
+            M::run(s[mb][j], af, kf);
+            M::run(s[mb][j + 1], af, kf + 2);
+          }
+        }
+      }
+
+      // Online softmax in log2 units. A full tile (every key exists and is visible to every row) skips the mask
+      // and folds the scale into the exponent: p = 2^(s * scale_log2 - m).
+      uint32_t pf[MB][NB_WARP / 2][4];
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+        float m_new[2] = {m_run[mb][0], m_run[mb][1]};
+        if (full) {
+          float raw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+          for (int j = 0; j < NB_WARP; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[mb][j][e]);
+          m_new[0] = fmaxf(m_new[0], raw[0] * sl2);
+          m_new[1] = fmaxf(m_new[1], raw[1] * sl2);
+        } else {
+#pragma unroll
+          for (int j = 0; j < NB_WARP; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = e / 2;
+              const int kl = key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
+              const int key = tile_key0 + kl;
+              const bool vis = key >= row_lo[mb][i] && key < row_hi[mb][i] && valid[kl];
+              s[mb][j][e] = vis ? s[mb][j][e] * sl2 : -INFINITY;
+              m_new[i] = fmaxf(m_new[i], s[mb][j][e]);
+            }
+          }
+        }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+          m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+          corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[mb][i] - m_new[i]);
+          m_run[mb][i] = m_new[i];
+          l_run[mb][i] *= corr[i];
+        }
+        // Rescale the accumulator only when some row of the warp raised its running max (rare after the first
+        // tiles): a warp-uniform branch saves D/2 multiplies per thread per tile.
+        if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+          for (int j = 0; j < ND; ++j) {
+            o[mb][j][0] *= corr[0];
+            o[mb][j][1] *= corr[0];
+            o[mb][j][2] *= corr[1];
+            o[mb][j][3] *= corr[1];
+          }
+        }
+        const float neg_m[2] = {m_run[mb][0] == -INFINITY ? 0.f : -m_run[mb][0],
+                                m_run[mb][1] == -INFINITY ? 0.f : -m_run[mb][1]};
+#pragma unroll
+        for (int j = 0; j < NB_WARP; ++j) {
+          float p[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = e / 2;
+            // exp2(-inf) = 0 covers masked keys; rows with no visible key yet have m = -inf and all s = -inf.
+            const float x = full ? fmaf(s[mb][j][e], sl2, neg_m[i]) : s[mb][j][e] + neg_m[i];
+            p[e] = fast_exp2(x);  // one exponential per score
+            l_run[mb][i] += p[e];
+          }
+          pf[mb][j / 2][(j % 2) * 2 + 0] = M::pack(p[0], p[1]);
+          pf[mb][j / 2][(j % 2) * 2 + 1] = M::pack(p[2], p[3]);
+        }
+      }
+      // O += P V over this warp's keys (k steps of 16 keys): each V fragment feeds all MB row blocks.
+#pragma unroll
+      for (int ks = 0; ks < NB_WARP / 2; ++ks) {
+#pragma unroll
+        for (int jd = 0; jd < ND; jd += 2) {
+          uint32_t vf[4];
+          const FragAddr f = v_frag_addr(lane, key_w0 + ks * 16, jd);
+          ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<D>::offset(f.key, f.ch)));
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb) {
+            M::run(o[mb][jd], pf[mb][ks], vf);
+            M::run(o[mb][jd + 1], pf[mb][ks], vf + 2);
+          }
+        }
+      }
+      }  // key chunks
+      __syncthreads();  // the stage is free for the next load
+    }
+    cp_async_wait<0>();
+
+    // Row sums over the quad.
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        l_run[mb][i] += __shfl_xor_sync(0xffffffff, l_run[mb][i], 1);
+        l_run[mb][i] += __shfl_xor_sync(0xffffffff, l_run[mb][i], 2);
+      }
+
+    // Merge the key-split warps (decode layout: one row block, warps along keys) through shared memory.
+    if constexpr (Cfg::kWarpsN > 1) {
+      __syncthreads();
+      float* mo = reinterpret_cast<float*>(smem_raw + Cfg::kSmemQ);  // [warps][16][D]
+      float* ml = mo + Cfg::kWarps * 16 * D;                         // [warps][16][2] (m, l)
 #pragma unroll
       for (int j = 0; j < ND; ++j) {
 #pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-          const int col = j * 8 + (lane % 4) * 2 + e2;
-          float acc = 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int r = lane / 4 + (e / 2) * 8;
+          const int col = j * 8 + (lane % 4) * 2 + (e % 2);
+          mo[(warp * 16 + r) * D + col] = o[0][j][e];
+        }
+      }
+      if (lane % 4 == 0) {
 #pragma unroll
-          for (int w = 0; w < Cfg::kWarps; ++w) acc += f[w] * mo[(w * 16 + r) * D + col];
-          o[0][j][i * 2 + e2] = acc;
+        for (int i = 0; i < 2; ++i) {
+          const int r = lane / 4 + i * 8;
+          ml[(warp * 16 + r) * 2 + 0] = m_run[0][i];
+          ml[(warp * 16 + r) * 2 + 1] = l_run[0][i];
+        }
+      }
+      __syncthreads();
+      if (warp != 0) return;  // warp 0 owns the merged state
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = lane / 4 + i * 8;
+        float mt = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < Cfg::kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
+        float lt = 0.f;
+        float f[Cfg::kWarps];
+#pragma unroll
+        for (int w = 0; w < Cfg::kWarps; ++w) {
+          const float mw = ml[(w * 16 + r) * 2];
+          f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
+          lt += f[w] * ml[(w * 16 + r) * 2 + 1];
+        }
+        m_run[0][i] = mt;
+        l_run[0][i] = lt;
+#pragma unroll
+        for (int j = 0; j < ND; ++j) {
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const int col = j * 8 + (lane % 4) * 2 + e2;
+            float acc = 0.f;
+#pragma unroll
+            for (int w = 0; w < Cfg::kWarps; ++w) acc += f[w] * mo[(w * 16 + r) * D + col];
+            o[0][j][i * 2 + e2] = acc;
+          }
         }
       }
     }
-  }
 
-  // Epilogue: final output (one partition) or the partition's normalized partial and its log2-sum-exp.
+    // Epilogue: final output (one partition) or the partition's normalized partial and its log2-sum-exp.
 #pragma unroll
-  for (int mb = 0; mb < MB; ++mb) {
+    for (int mb = 0; mb < MB; ++mb) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int pr = st.row0 + warp_row0_q + mb * 16 + lane / 4 + i * 8;
-      if (pr >= rows_seq) continue;
-      store_row<T, D>(a, st.q_base + pr / group, hkv * group + pr % group, part, l_run[mb][i], m_run[mb][i],
-                      &o[mb][0][i * 2], lane);
+      for (int i = 0; i < 2; ++i) {
+        const int pr = st.row0 + warp_row0_q + mb * 16 + lane / 4 + i * 8;
+        if (pr >= rows_seq) continue;
+        store_row<T, D>(a, st.q_base + pr / group, hkv * group + pr % group, part, l_run[mb][i], m_run[mb][i],
+                        &o[mb][0][i * 2], lane);
+      }
     }
   }
 }

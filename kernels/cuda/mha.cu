@@ -28,15 +28,19 @@ Error check_launch(const char* target) {
 
 // The instantiations, generated from one list: element type x head dim x query tile height.
 #define MSA_OPS_ATTENTION_CONFIGS(X)  \
+  X(__nv_bfloat16, 64, 8, 3)          \
   X(__nv_bfloat16, 64, 16, 3)         \
   X(__nv_bfloat16, 64, 64, 2)         \
   X(__nv_bfloat16, 64, 128, 2)        \
+  X(__nv_bfloat16, 128, 8, 3)         \
   X(__nv_bfloat16, 128, 16, 3)        \
   X(__nv_bfloat16, 128, 64, 2)        \
   X(__nv_bfloat16, 128, 128, 2)       \
+  X(__half, 64, 8, 3)                 \
   X(__half, 64, 16, 3)                \
   X(__half, 64, 64, 2)                \
   X(__half, 64, 128, 2)               \
+  X(__half, 128, 8, 3)                \
   X(__half, 128, 16, 3)               \
   X(__half, 128, 64, 2)               \
   X(__half, 128, 128, 2)
@@ -61,9 +65,9 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     auto kernel = attention_kernel<T, D, BM, STAGES>;
     // Attribute set per launch (cheap, idempotent, no synchronization).
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (BM == kHeadsFastestRows && static_cast<int64_t>(grid_x) * a.Hkv > INT32_MAX)
+    if (BM <= kHeadsFastestRows && static_cast<int64_t>(grid_x) * a.Hkv > INT32_MAX)
       return invalid(target, "too many query tiles x kv heads for one launch");
-    const dim3 g = BM == kHeadsFastestRows ? dim3(grid_x * a.Hkv, 1, grid.z) : grid;
+    const dim3 g = BM <= kHeadsFastestRows ? dim3(grid_x * a.Hkv, 1, grid.z) : grid;
     kernel<<<g, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     if (Error e = check_launch(target); e.failure()) return e;
   }
@@ -100,10 +104,10 @@ bool supported(DataType dt, int64_t d) {
 
 // Query tile height: the routing ladder's choice, or from shapes when the op has no plan.
 int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group) {
-  // Kernels exist for 16-, 64- and 128-row tiles (the ladder's 1q / 2q prefill tiles).
-  if (requested > 0) return requested <= 16 ? 16 : requested <= 64 ? 64 : 128;
+  // Kernels exist for 8-, 16-, 64- and 128-row tiles (decode; the ladder's 1q / 2q prefill tiles).
+  if (requested > 0) return requested <= 8 ? 8 : requested <= 16 ? 16 : requested <= 64 ? 64 : 128;
   const int64_t rows = max_rows_per_seq * group;
-  return rows <= 16 ? 16 : rows < 128 ? 64 : 128;
+  return rows <= 8 ? 8 : rows <= 16 ? 16 : rows < 128 ? 64 : 128;
 }
 
 void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, int64_t mask, int64_t window,
