@@ -391,6 +391,7 @@ def _msa_case(rng, scenario, group, topk, dtype, hkv=2):
     ("decode", 4, 16, 0), ("decode", 8, 4, 3), ("decode1", 16, 64, 0), ("decode", 32, 8, 1),
     ("spec", 4, 8, 0), ("spec", 1, 16, 2), ("prefill", 8, 4, 0), ("long", 4, 3, 0), ("mixed", 16, 5, 4),
     ("mixed", 4, 0, 0),  # nothing selected: every row is zero
+    ("decode", 2, 64, 0), ("spec", 8, 32, 5),
 ])
 def test_cuda_msa_matches_oracle(dtype, scenario, group, topk, np_):
     rng = np.random.default_rng(hash((scenario, group, topk)) % 2**32)

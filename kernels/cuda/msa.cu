@@ -142,7 +142,8 @@ struct MsaSmem {
   static constexpr int kBytesTotal = kQBytes + kListBytes + (kMain > kMergeBytes ? kMain : kMergeBytes);
 };
 
-template <typename KV>
+// kT: the transposed form for groups of at most 8 heads (one row block).
+template <typename KV, bool kT>
 __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a) {
   using T = KvTraits<KV>;
   using PvMma = Mma<typename T::Pv>;
@@ -277,173 +278,353 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     cp_async_commit();
   }
 
-  uint32_t qf[KS][4];
+  if constexpr (kT) {
+    // At most 8 heads (group <= 8): S^T = K Q^T and O^T = V^T P^T put the warp's keys on the MMA's M side and the
+    // heads on its N side (attention_kernel's 8-row tiles), so the 8 empty rows of a 16-row tile cost nothing.
+    // Thread (g, t) = (lane / 4, lane % 4) holds S^T at keys g, g + 8 of each 16-key block and heads 2t, 2t + 1.
+    constexpr int NK = kWarpKeys / 16;  // 16-key blocks per warp and tile
+    const int t2 = (lane % 4) * 2;
+    uint32_t qb[KS][2];  // Q^T, the B operand: heads 0-7 x the k step's two chunks
 #pragma unroll
-  for (int kk = 0; kk < KS; ++kk) {
-    const int r = lane % 16, ch = kk * 2 + lane / 16;
-    ldmatrix_x4(qf[kk], smem_addr(sQ + swz<kRowBytes>(r, ch)));
-  }
+    for (int kk = 0; kk < KS; kk += 2) {
+      uint32_t r[4];
+      ldmatrix_x4(r, smem_addr(sQ + swz<kRowBytes>(lane % 8, kk * 2 + lane / 8)));
+      qb[kk][0] = r[0];
+      qb[kk][1] = r[1];
+      qb[kk + 1][0] = r[2];
+      qb[kk + 1][1] = r[3];
+    }
+    // O^T: M tile j covers dims 16j..16j+15; bf16 holds dims 16j + g (+ 8), fp8 dims 16j + 2g (+ 1) (dim_of).
+    auto dim_of = [&](int j, int e) {
+      return std::is_same_v<KV, __nv_bfloat16> ? j * 16 + lane / 4 + (e / 2) * 8 : j * 16 + (lane / 4) * 2 + e / 2;
+    };
+    float o[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const int key_w0 = warp * kWarpKeys;
+    const float sl2 = a.scale_log2;
+    const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
 
-  float o[ND][4];
-#pragma unroll
-  for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const int key_w0 = warp * kWarpKeys;
-  const float sl2 = a.scale_log2;
-  const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
+    for (int it = 0; it < num_tiles; ++it) {
+      const int stage = it % kStages;
+      {
+        const int nxt = it + kStages - 1;
+        if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
+        cp_async_commit();
+      }
+      cp_async_wait<kStages - 1>();
+      __syncthreads();
+      const unsigned char* sK = ring + stage * S::kStageBytes;
+      const unsigned char* sV = sK + kBN * kRowBytes;
+      const int key0 = sTiles[it];
 
-  for (int it = 0; it < num_tiles; ++it) {
-    const int stage = it % kStages;
-    {
-      const int nxt = it + kStages - 1;
-      if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
-      cp_async_commit();
-    }
-    cp_async_wait<kStages - 1>();
-    __syncthreads();
-    const unsigned char* sK = ring + stage * S::kStageBytes;
-    const unsigned char* sV = sK + kBN * kRowBytes;
-    const int key0 = sTiles[it];
-
-    float s[NT][4];
+      float s[NK][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      for (int kb = 0; kb < NK; ++kb) {
+        s[kb][0] = s[kb][1] = s[kb][2] = s[kb][3] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-      for (int jp = 0; jp < NT / 2; ++jp) {
-        uint32_t kf[4];
-        const FragAddr f = k_frag_addr(lane, key_w0 + jp * 16, kk * 2);
-        ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(f.key, f.ch)));
-        T::qk(s[2 * jp], qf[kk], kf);
-        T::qk(s[2 * jp + 1], qf[kk], kf + 2);
+        for (int kk = 0; kk < KS; ++kk) {
+          uint32_t kf[4];  // K as the A operand: (keys 0-7, c), (8-15, c), (0-7, c + 1), (8-15, c + 1)
+          const FragAddr f = v_frag_addr(lane, key_w0 + kb * 16, kk * 2);
+          ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(f.key, f.ch)));
+          T::qk(s[kb], kf, qb[kk]);
+        }
       }
-    }
-    float m_new[2] = {m_run[0], m_run[1]};
+      float m_new[2] = {m_run[0], m_run[1]};
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
+      for (int kb = 0; kb < NK; ++kb) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
-        const bool vis = key <= p32 && key < kmax;
-        s[j][e] = vis ? s[j][e] * sl2 : -INFINITY;
-        m_new[e / 2] = fmaxf(m_new[e / 2], s[j][e]);
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + key_w0 + kb * 16 + lane / 4 + (e / 2) * 8;
+          const bool vis = key <= p32 && key < kmax;
+          s[kb][e] = vis ? s[kb][e] * sl2 : -INFINITY;
+          m_new[e % 2] = fmaxf(m_new[e % 2], s[kb][e]);
+        }
       }
-    }
-    float corr[2];
+      float corr[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
-      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-      corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
-      m_run[i] = m_new[i];
-      l_run[i] *= corr[i];
-    }
-    if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+      for (int i = 0; i < 2; ++i) {
 #pragma unroll
-      for (int j = 0; j < ND; ++j) {
-        o[j][0] *= corr[0];
-        o[j][1] *= corr[0];
-        o[j][2] *= corr[1];
-        o[j][3] *= corr[1];
+        for (int d = 4; d < 32; d <<= 1) m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], d));
+        corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
+        m_run[i] = m_new[i];
+        l_run[i] *= corr[i];
       }
-    }
-    // P as the A operand of P.V: k-step ks covers score tiles 2ks and 2ks+1 (16 keys).
-    uint32_t pf[NT / 2][4];
+      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      float pv[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float nm = m_run[e / 2] == -INFINITY ? 0.f : -m_run[e / 2];
-        pv[e] = exp2f(s[j][e] + nm);
-        l_run[e / 2] += pv[e];
+        for (int j = 0; j < 8; ++j) {
+          o[j][0] *= corr[0];
+          o[j][1] *= corr[1];
+          o[j][2] *= corr[0];
+          o[j][3] *= corr[1];
+        }
       }
-      pf[j / 2][(j % 2) * 2 + 0] = PvMma::pack(pv[0], pv[1]);
-      pf[j / 2][(j % 2) * 2 + 1] = PvMma::pack(pv[2], pv[3]);
-    }
+      const float nm[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
 #pragma unroll
-    for (int ks = 0; ks < NT / 2; ++ks) {
+      for (int kb = 0; kb < NK; ++kb) {
+        float pv[4];
 #pragma unroll
-      for (int ch2 = 0; ch2 < kChunksRow; ch2 += 2) {
-        uint32_t vf[4];
-        const FragAddr f = v_frag_addr(lane, key_w0 + ks * 16, ch2);
-        ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(f.key, f.ch)));
-        if constexpr (std::is_same_v<KV, __nv_bfloat16>) {  // chunk = output tile of 8 columns
-          PvMma::run(o[ch2], pf[ks], vf);
-          PvMma::run(o[ch2 + 1], pf[ks], vf + 2);
-        } else {  // chunk c = 16 columns = output tiles 2c (even columns) and 2c + 1 (odd)
+        for (int e = 0; e < 4; ++e) {
+          pv[e] = exp2f(s[kb][e] + nm[e % 2]);
+          l_run[e % 2] += pv[e];
+        }
+        // P^T, the B operand of O^T = V^T P^T: the two 8x8 (key x head) blocks transposed in registers.
+        const uint32_t pb[2] = {movmatrix_trans(PvMma::pack(pv[0], pv[1])),
+                                movmatrix_trans(PvMma::pack(pv[2], pv[3]))};
 #pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            uint32_t ev[2], od[2];
-            widen_key_pair(vf[2 * u], &ev[0], &od[0]);
-            widen_key_pair(vf[2 * u + 1], &ev[1], &od[1]);
-            PvMma::run(o[2 * (ch2 + u)], pf[ks], ev);
-            PvMma::run(o[2 * (ch2 + u) + 1], pf[ks], od);
+        for (int c = 0; c < kChunksRow; c += 2) {
+          uint32_t vf[4];
+          if constexpr (std::is_same_v<KV, __nv_bfloat16>) {
+            // V^T as the A operand, read transposed: (keys 0-7, c), (0-7, c + 1), (8-15, c), (8-15, c + 1).
+            const FragAddr f = k_frag_addr(lane, key_w0 + kb * 16, c);
+            ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(f.key, f.ch)));
+            PvMma::run(o[c / 2], vf, pb);
+          } else {
+            // (keys 0-7, c), (8-15, c), (0-7, c + 1), (8-15, c + 1): each .trans register is two keys of one pair
+            // of adjacent dims; widened, the even dim is an A row 0-7 of M tile c and the odd dim its row 8-15.
+            const FragAddr f = v_frag_addr(lane, key_w0 + kb * 16, c);
+            ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(f.key, f.ch)));
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              uint32_t af[4];
+              widen_key_pair(vf[2 * u], &af[0], &af[1]);
+              widen_key_pair(vf[2 * u + 1], &af[2], &af[3]);
+              PvMma::run(o[c + u], af, pb);
+            }
           }
         }
       }
+      __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    // Head sums across g; the four warps merge through shared memory, and thread tid finishes head tid / 16,
+    // dims (tid % 16) * 8 onwards.
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int d = 4; d < 32; d <<= 1) l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], d);
+    __syncthreads();
+    constexpr int MS = kD + 4;  // padded rows: conflict-free stores
+    float* mo = reinterpret_cast<float*>(ring);  // [warps][8][MS]
+    float* ml = mo + kWarps * 8 * MS;           // [warps][8][2] (m, l)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mo[(warp * 8 + t2 + e % 2) * MS + dim_of(j, e)] = o[j][e];
+    if (lane < 4) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        ml[(warp * 8 + t2 + i) * 2 + 0] = m_run[i];
+        ml[(warp * 8 + t2 + i) * 2 + 1] = l_run[i];
+      }
     }
     __syncthreads();
-  }
-  cp_async_wait<0>();
-
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
-    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
-  }
-  // Merge the four key-split warps.
-  __syncthreads();
-  float* mo = reinterpret_cast<float*>(ring);
-  float* ml = mo + kWarps * 16 * kD;
-#pragma unroll
-  for (int j = 0; j < ND; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      mo[(warp * 16 + lane / 4 + (e / 2) * 8) * kD + T::col_of(j, lane, e % 2)] = o[j][e];
-  if (lane % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      ml[(warp * 16 + lane / 4 + i * 8) * 2 + 0] = m_run[i];
-      ml[(warp * 16 + lane / 4 + i * 8) * 2 + 1] = l_run[i];
-    }
-  }
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = lane / 4 + i * 8;
+    const int r = tid / 16, d0 = (tid % 16) * 8;
+    if (r >= rows) return;
     float mt = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
+    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, ml[(w * 8 + r) * 2]);
     float f[kWarps], lt = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float mw = ml[(w * 16 + r) * 2];
+      const float mw = ml[(w * 8 + r) * 2];
       f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
-      lt += f[w] * ml[(w * 16 + r) * 2 + 1];
+      lt += f[w] * ml[(w * 8 + r) * 2 + 1];
     }
-    if (r >= rows) continue;
-    const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
+    float acc[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      acc[j] = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) acc[j] += f[w] * mo[(w * 8 + r) * MS + d0 + j];
+    }
+    const int64_t h = static_cast<int64_t>(hkv) * a.group + r;
     const bool any = lt > 0.f;
     const float inv = any ? 1.f / lt : 0.f;
+    if (a.num_partitions <= 1) {
+      uint32_t pk[4];
 #pragma unroll
-    for (int j = 0; j < ND; ++j) {
-      const int col = j * 8 + (lane % 4) * 2;
-      float v0 = 0.f, v1 = 0.f;
+      for (int j = 0; j < 4; ++j) pk[j] = Mma<__nv_bfloat16>::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+      *reinterpret_cast<uint4*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + d0) =
+          make_uint4(pk[0], pk[1], pk[2], pk[3]);  // the output is bf16 for both KV dtypes
+    } else {
+      const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
+      float4* dst = reinterpret_cast<float4*>(a.ws_o + wr * kD + d0);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (tid % 16 == 0) a.ws_lse[wr] = any ? mt + log2f(lt) : -INFINITY;
+    }
+  } else {
+    uint32_t qf[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const int r = lane % 16, ch = kk * 2 + lane / 16;
+      ldmatrix_x4(qf[kk], smem_addr(sQ + swz<kRowBytes>(r, ch)));
+    }
+
+    float o[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const int key_w0 = warp * kWarpKeys;
+    const float sl2 = a.scale_log2;
+    const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
+
+    for (int it = 0; it < num_tiles; ++it) {
+      const int stage = it % kStages;
+      {
+        const int nxt = it + kStages - 1;
+        if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
+        cp_async_commit();
+      }
+      cp_async_wait<kStages - 1>();
+      __syncthreads();
+      const unsigned char* sK = ring + stage * S::kStageBytes;
+      const unsigned char* sV = sK + kBN * kRowBytes;
+      const int key0 = sTiles[it];
+
+      float s[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int jp = 0; jp < NT / 2; ++jp) {
+          uint32_t kf[4];
+          const FragAddr f = k_frag_addr(lane, key_w0 + jp * 16, kk * 2);
+          ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(f.key, f.ch)));
+          T::qk(s[2 * jp], qf[kk], kf);
+          T::qk(s[2 * jp + 1], qf[kk], kf + 2);
+        }
+      }
+      float m_new[2] = {m_run[0], m_run[1]};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + key_w0 + j * 8 + (lane % 4) * 2 + (e % 2);
+          const bool vis = key <= p32 && key < kmax;
+          s[j][e] = vis ? s[j][e] * sl2 : -INFINITY;
+          m_new[e / 2] = fmaxf(m_new[e / 2], s[j][e]);
+        }
+      }
+      float corr[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
+        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
+        corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
+        m_run[i] = m_new[i];
+        l_run[i] *= corr[i];
+      }
+      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < ND; ++j) {
+          o[j][0] *= corr[0];
+          o[j][1] *= corr[0];
+          o[j][2] *= corr[1];
+          o[j][3] *= corr[1];
+        }
+      }
+      // P as the A operand of P.V: k-step ks covers score tiles 2ks and 2ks+1 (16 keys).
+      uint32_t pf[NT / 2][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        float pv[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float nm = m_run[e / 2] == -INFINITY ? 0.f : -m_run[e / 2];
+          pv[e] = exp2f(s[j][e] + nm);
+          l_run[e / 2] += pv[e];
+        }
+        pf[j / 2][(j % 2) * 2 + 0] = PvMma::pack(pv[0], pv[1]);
+        pf[j / 2][(j % 2) * 2 + 1] = PvMma::pack(pv[2], pv[3]);
+      }
+#pragma unroll
+      for (int ks = 0; ks < NT / 2; ++ks) {
+#pragma unroll
+        for (int ch2 = 0; ch2 < kChunksRow; ch2 += 2) {
+          uint32_t vf[4];
+          const FragAddr f = v_frag_addr(lane, key_w0 + ks * 16, ch2);
+          ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(f.key, f.ch)));
+          if constexpr (std::is_same_v<KV, __nv_bfloat16>) {  // chunk = output tile of 8 columns
+            PvMma::run(o[ch2], pf[ks], vf);
+            PvMma::run(o[ch2 + 1], pf[ks], vf + 2);
+          } else {  // chunk c = 16 columns = output tiles 2c (even columns) and 2c + 1 (odd)
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              uint32_t ev[2], od[2];
+              widen_key_pair(vf[2 * u], &ev[0], &od[0]);
+              widen_key_pair(vf[2 * u + 1], &ev[1], &od[1]);
+              PvMma::run(o[2 * (ch2 + u)], pf[ks], ev);
+              PvMma::run(o[2 * (ch2 + u) + 1], pf[ks], od);
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
+      l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
+    }
+    // Merge the four key-split warps.
+    __syncthreads();
+    float* mo = reinterpret_cast<float*>(ring);
+    float* ml = mo + kWarps * 16 * kD;
+#pragma unroll
+    for (int j = 0; j < ND; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        mo[(warp * 16 + lane / 4 + (e / 2) * 8) * kD + T::col_of(j, lane, e % 2)] = o[j][e];
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        ml[(warp * 16 + lane / 4 + i * 8) * 2 + 0] = m_run[i];
+        ml[(warp * 16 + lane / 4 + i * 8) * 2 + 1] = l_run[i];
+      }
+    }
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = lane / 4 + i * 8;
+      float mt = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
+      float f[kWarps], lt = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        v0 += f[w] * mo[(w * 16 + r) * kD + col];
-        v1 += f[w] * mo[(w * 16 + r) * kD + col + 1];
+        const float mw = ml[(w * 16 + r) * 2];
+        f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
+        lt += f[w] * ml[(w * 16 + r) * 2 + 1];
       }
-      if (a.num_partitions <= 1) {
-        *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + col) =
-            Mma<__nv_bfloat16>::pack(v0 * inv, v1 * inv);  // the output is bf16 for both KV dtypes
-      } else {
-        const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
-        *reinterpret_cast<float2*>(a.ws_o + wr * kD + col) = make_float2(v0 * inv, v1 * inv);
-        if (j == 0 && lane % 4 == 0) a.ws_lse[wr] = any ? mt + log2f(lt) : -INFINITY;
+      if (r >= rows) continue;
+      const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
+      const bool any = lt > 0.f;
+      const float inv = any ? 1.f / lt : 0.f;
+#pragma unroll
+      for (int j = 0; j < ND; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          v0 += f[w] * mo[(w * 16 + r) * kD + col];
+          v1 += f[w] * mo[(w * 16 + r) * kD + col + 1];
+        }
+        if (a.num_partitions <= 1) {
+          *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + col) =
+              Mma<__nv_bfloat16>::pack(v0 * inv, v1 * inv);  // the output is bf16 for both KV dtypes
+        } else {
+          const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
+          *reinterpret_cast<float2*>(a.ws_o + wr * kD + col) = make_float2(v0 * inv, v1 * inv);
+          if (j == 0 && lane % 4 == 0) a.ws_lse[wr] = any ? mt + log2f(lt) : -INFINITY;
+        }
       }
     }
   }
@@ -545,7 +726,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": prefill kernel launch failed: " + cudaGetErrorString(e));
   } else if (m.T > 0 && m.topk > 0) {
-    auto kernel = msa_attention_kernel<KV>;
+    auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
     const int row_blocks = (m.group + 15) / 16;
     dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
