@@ -97,8 +97,10 @@ def plan_mha(
     1. Query tokens per sequence ``max_q``: the ``max_prompt_length`` hint, else ``T - B + 1``.
     2. If a sequence's ``max_q x group`` rows fit one 64-row query tile, the call is decode-like: one query
        tile per CTA (all query heads of a kv head and all tokens of the sequence) and split-K over the keys
-       (``1q_split_k``); the partition count is ``get_num_partitions(B, max_keys)`` with the SM count
-       doubled (two decode CTAs resident per SM), unless ``num_partitions`` overrides it.
+       (``1q_split_k``; tile_m 8 when the rows fit 8, which the CUDA kernel runs transposed, keys on the MMA's
+       16-row side; else 16 or the rows rounded up to 16); the partition count is
+       ``get_num_partitions(B, max_keys)`` with the SM count doubled (two decode CTAs resident per SM), unless
+       ``num_partitions`` overrides it.
     3. Otherwise it is prefill: two 64-row query tiles per CTA (``2q``, tile_m 128) when a sequence has at
        least 128 rows, else one (tile_m 64); no split unless ``num_partitions`` asks for one.
     """
