@@ -5,7 +5,10 @@
 # machine and the run, and drift shows.
 #   usage (repo root):  AB_DIR="ab1 ab2" AB_CMD="python3 scripts/probe_paged_prefill.py" bash scripts/gpu_ab.sh
 # Each folder mirrors kernels/ (e.g. ab1/cuda/attention_sm90.cuh replaces kernels/cuda/attention_sm90.cuh); a
-# variant kept on a branch can be put there with `git show BRANCH:kernels/cuda/X > ab1/cuda/X`.
+# variant kept on a branch can be put there with `git show BRANCH:kernels/cuda/X > ab1/cuda/X`. A folder may also
+# hold msa_ops/ files (ab1/msa_ops/routing.py replaces msa_ops/routing.py): that variant's command then runs in a
+# copy of the repository's Python side with them laid over it (for a ladder change that goes with a kernel change).
+# The folders must travel to the GPU machine: untracked and not ignored, or named in the run's carry list.
 set -uo pipefail
 PY=${PY:-python3}
 AB_DIR=${AB_DIR:?AB_DIR: folders of replacement kernel files (space-separated)}
@@ -18,11 +21,17 @@ build() {  # build SRC_DIR BUILD_DIR
     || { tail -n 30 "$2.log"; return 1; }
 }
 names=(A)
+rm -rf /tmp/ab_tree_*
 build kernels /tmp/ab_build_A & pids=($!)
 letter=B
 for d in $AB_DIR; do
   rm -rf "/tmp/ab_src_$letter" && cp -r kernels "/tmp/ab_src_$letter" && cp -r "$d"/. "/tmp/ab_src_$letter/"
   echo "build $letter: kernels/ + $d ($(cd "$d" && find . -type f | sed 's|^\./||' | tr '\n' ' '))"
+  if [ -d "$d/msa_ops" ]; then  # the Python side with this variant's package files laid over it
+    t="/tmp/ab_tree_$letter"
+    mkdir -p "$t" && cp -r msa_ops tests benchmarks scripts "$t/" && cp -p ./*.toml "$t/" 2>/dev/null
+    cp -r "$d"/msa_ops/. "$t/msa_ops/"
+  fi
   build "/tmp/ab_src_$letter" "/tmp/ab_build_$letter" & pids+=($!)
   names+=("$letter")
   letter=$(echo "$letter" | tr 'A-Y' 'B-Z')
@@ -31,6 +40,8 @@ for p in "${pids[@]}"; do wait "$p" || exit 1; done
 for r in $(seq "$ROUNDS"); do
   for v in "${names[@]}"; do
     echo "=== round $r, build $v"
-    MSA_OPS_LIBRARY_DIR=/tmp/ab_build_$v bash -c "$AB_CMD" 2>&1 | grep -v "Warning"
+    dir=$PWD
+    [ -d "/tmp/ab_tree_$v" ] && dir=/tmp/ab_tree_$v
+    (cd "$dir" && PYTHONPATH=$dir${PYTHONPATH#"$PWD"} MSA_OPS_LIBRARY_DIR=/tmp/ab_build_$v bash -c "$AB_CMD") 2>&1 | grep -v "Warning"
   done
 done
