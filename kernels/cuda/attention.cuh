@@ -330,6 +330,24 @@ __device__ __forceinline__ void store_row(const AttentionArgs& a, int64_t qrow, 
   }
 }
 
+// Merge weights of one row's partial states from the key-split warps of a CTA: ml is [W][rows][2] (m, l per warp
+// and row). Returns the merged m and l, and f[w] = 2^(m_w - m) (0 for a warp that saw no key of the row).
+template <int W>
+__device__ __forceinline__ void merge_weights(const float* ml, int rows, int r, float* mt, float* lt, float* f) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < W; ++w) m = fmaxf(m, ml[(w * rows + r) * 2]);
+  float l = 0.f;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    const float mw = ml[(w * rows + r) * 2];
+    f[w] = mw == -INFINITY ? 0.f : exp2f(mw - m);
+    l += f[w] * ml[(w * rows + r) * 2 + 1];
+  }
+  *mt = m;
+  *lt = l;
+}
+
 // ------------------------------------------------------------------------------------------------ kernel
 
 template <typename T, int D, int BLOCK_M, int STAGES>
@@ -664,16 +682,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     const int r = tid / 16, d0 = (tid % 16) * DPT;
     const int pr = st.row0 + r;
     if (pr >= rows_seq) return;
-    float mt = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) mt = fmaxf(mt, ml[(w * 8 + r) * 2]);
-    float lt = 0.f, f[Cfg::kWarps];
-#pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) {
-      const float mw = ml[(w * 8 + r) * 2];
-      f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
-      lt += f[w] * ml[(w * 8 + r) * 2 + 1];
-    }
+    float mt, lt, f[Cfg::kWarps];
+    merge_weights<Cfg::kWarps>(ml, 8, r, &mt, &lt, f);
     float acc[DPT];
 #pragma unroll
     for (int j = 0; j < DPT; ++j) {
@@ -926,17 +936,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = lane / 4 + i * 8;
-        float mt = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < Cfg::kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
-        float lt = 0.f;
-        float f[Cfg::kWarps];
-#pragma unroll
-        for (int w = 0; w < Cfg::kWarps; ++w) {
-          const float mw = ml[(w * 16 + r) * 2];
-          f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
-          lt += f[w] * ml[(w * 16 + r) * 2 + 1];
-        }
+        float mt, lt, f[Cfg::kWarps];
+        merge_weights<Cfg::kWarps>(ml, 16, r, &mt, &lt, f);
         m_run[0][i] = mt;
         l_run[0][i] = lt;
 #pragma unroll

@@ -423,16 +423,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     __syncthreads();
     const int r = tid / 16, d0 = (tid % 16) * 8;
     if (r >= rows) return;
-    float mt = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, ml[(w * 8 + r) * 2]);
-    float f[kWarps], lt = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = ml[(w * 8 + r) * 2];
-      f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
-      lt += f[w] * ml[(w * 8 + r) * 2 + 1];
-    }
+    float mt, lt, f[kWarps];
+    merge_weights<kWarps>(ml, 8, r, &mt, &lt, f);
     float acc[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -594,16 +586,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = lane / 4 + i * 8;
-      float mt = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, ml[(w * 16 + r) * 2]);
-      float f[kWarps], lt = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = ml[(w * 16 + r) * 2];
-        f[w] = mw == -INFINITY ? 0.f : exp2f(mw - mt);
-        lt += f[w] * ml[(w * 16 + r) * 2 + 1];
-      }
+      float mt, lt, f[kWarps];
+      merge_weights<kWarps>(ml, 16, r, &mt, &lt, f);
       if (r >= rows) continue;
       const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
       const bool any = lt > 0.f;
