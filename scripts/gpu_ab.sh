@@ -42,6 +42,7 @@ for r in $(seq "$ROUNDS"); do
     echo "=== round $r, build $v"
     dir=$PWD
     [ -d "/tmp/ab_tree_$v" ] && dir=/tmp/ab_tree_$v
-    (cd "$dir" && PYTHONPATH=$dir${PYTHONPATH#"$PWD"} MSA_OPS_LIBRARY_DIR=/tmp/ab_build_$v bash -c "$AB_CMD") 2>&1 | grep -v "Warning"
+    pp=$dir${PYTHONPATH#"$PWD"}  # before the cd below: the repository root in front swapped for $dir
+    (cd "$dir" && PYTHONPATH=$pp MSA_OPS_LIBRARY_DIR=/tmp/ab_build_$v bash -c "$AB_CMD") 2>&1 | grep -v "Warning"
   done
 done

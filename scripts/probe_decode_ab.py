@@ -1,0 +1,54 @@
+"""Dense decode, ours against cuDNN in one process, one line out: for A/B runs of kernel variants.
+
+The shapes of benchmarks/gpu_mha.py (bf16, Hq=32, Hkv=8, D=128; B=64/4k, 16/16k, 4/64k, 1/128k at page 128,
+16/16k at page 16), each as ours GB/s and ours / cuDNN. Cheaper than the full benchmark, so that several builds
+fit in one GPU call:
+  AB_DIR="ab1 ab2" AB_CMD="python3 scripts/probe_decode_ab.py" bash scripts/gpu_ab.sh
+"""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from gpu_mha import decode_case, rel_err  # noqa: E402
+from harness import bench_in_graph  # noqa: E402
+
+import msa_ops  # noqa: E402
+
+POINTS = [(64, 4096, (128,)), (16, 16384, (128, 16)), (4, 65536, (128,)), (1, 131072, (128,))]
+
+
+def main():
+    rng = np.random.default_rng(0)
+    out = []
+    for b, n, pages in POINTS:
+        cud = None
+        for page in pages:
+            q, k, v, kv, lut = decode_case(b, n, page, rng)
+            offs = jnp.arange(b + 1, dtype=jnp.int32)
+            cl = jnp.full((b,), n - 1, jnp.int32)
+            qr = q.reshape(b, 32, 128)
+
+            def ours(qr, kv, lut, offs=offs, cl=cl):
+                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", implementation="native")
+
+            def cudnn(q, k, v):
+                return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+
+            byts = 2 * b * n * 8 * 128 * 2
+            if cud is None:  # cuDNN reads the contiguous K/V: once per (B, L)
+                o_cud = jax.jit(cudnn)(q, k, v).reshape(b, 32, 128)
+                cud = byts / bench_in_graph(cudnn, (q, k, v)) / 1e9
+            err = rel_err(jax.jit(ours)(qr, kv, lut), o_cud)
+            g = byts / bench_in_graph(ours, (qr, kv, lut)) / 1e9
+            out.append(f"{b}/{n // 1024}k/p{page}: {g:.0f} {g / cud:.3f}x (cuDNN {cud:.0f}, err {err:.0e})")
+            del q, k, v, kv, lut
+    print("DECODE " + " | ".join(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
