@@ -6,6 +6,7 @@ fit in one GPU call:
   AB_DIR="ab1 ab2" AB_CMD="python3 scripts/probe_decode_ab.py" bash scripts/gpu_ab.sh
 """
 
+import argparse
 import os
 import sys
 
@@ -23,6 +24,9 @@ POINTS = [(64, 4096, (128,)), (16, 16384, (128, 16)), (4, 65536, (128,)), (1, 13
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-partitions", type=int, default=0, help="split-K partitions (0: the ladder's choice)")
+    npart = ap.parse_args().num_partitions
     rng = np.random.default_rng(0)
     out = []
     for b, n, pages in POINTS:
@@ -34,7 +38,8 @@ def main():
             qr = q.reshape(b, 32, 128)
 
             def ours(qr, kv, lut, offs=offs, cl=cl):
-                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", implementation="native")
+                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=npart,
+                                                implementation="native")
 
             def cudnn(q, k, v):
                 return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
@@ -47,7 +52,7 @@ def main():
             g = byts / bench_in_graph(ours, (qr, kv, lut)) / 1e9
             out.append(f"{b}/{n // 1024}k/p{page}: {g:.0f} {g / cud:.3f}x (cuDNN {cud:.0f}, err {err:.0e})")
             del q, k, v, kv, lut
-    print("DECODE " + " | ".join(out), flush=True)
+    print(f"DECODE np={npart or 'ladder'} " + " | ".join(out), flush=True)
 
 
 if __name__ == "__main__":
