@@ -31,26 +31,10 @@ def main():
     rows = []
     for cache in (32768, 131072):
         mp = cache // 128
-        nb = B * mp
-        kv16 = jax.random.normal(jax.random.PRNGKey(cache), (nb, 2, 1, 128, HKV, D), jnp.bfloat16)
-        kv8 = kv16.astype(jnp.float8_e4m3fn)
-        lut = jnp.asarray(rng.permutation(nb).reshape(B, mp), jnp.int32)
-        offs = jnp.arange(B + 1, dtype=jnp.int32)
-        cl = jnp.full((B,), cache - 1, jnp.int32)
-        q16 = jax.random.normal(jax.random.PRNGKey(1), (B, H, D), jnp.bfloat16)
-        q8 = q16.astype(jnp.float8_e4m3fn)
-        # cuDNN dense decode at the same shape (contiguous K/V)
-        k = jax.random.normal(jax.random.PRNGKey(2), (B, cache, HKV, D), jnp.bfloat16)
-        v = jax.random.normal(jax.random.PRNGKey(3), (B, cache, HKV, D), jnp.bfloat16)
-        def cud(q, k, v):
-            return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
-        t_cud = bench_in_graph(cud, (q16.reshape(B, 1, H, D), k, v))
-        cud_gbs = 2 * B * cache * HKV * D * 2 / t_cud / 1e9
-        del k, v
+        kv16, kv8, lut, offs, cl, q16, q8 = decode_case(cache, rng)
+        cud_gbs = cudnn_dense_gbs(q16, cache)
         for topk in (16, 64):
-            ids = np.stack([np.sort(rng.choice(mp - 1, topk - 1, replace=False)) for _ in range(B * HKV)])
-            ids = np.concatenate([ids, np.full((B * HKV, 1), mp - 1)], 1)  # the local block
-            ids = jnp.asarray(ids.reshape(B, HKV, topk).transpose(1, 0, 2), jnp.int32)
+            ids = decode_ids(rng, mp, topk)
             r = {"cache": cache, "topk": topk, "cudnn_dense_gbs": cud_gbs}
             plan = msa_ops.plan("mo.msa.attention.ragged.paged", q16, offs, offs, kv16, cl, lut, 0, ids)
             r["partitions"] = plan.num_partitions
@@ -97,6 +81,39 @@ def main():
            f"| {ix['ours_us']:.1f} | {ix['ours_gbs']:.0f} | {ix['reference_us']:.1f} | {ix['cudnn_dense_gbs']:.0f} | "
            f"{ix['ours_vs_cudnn']:.2f}x | {ix['ids_equal_fraction']:.4f} |"]
     write_results(a.out, "gpu_msa", rows + [ix], "\n".join(md))
+
+
+def decode_case(cache, rng):
+    """A decode step's inputs: B sequences with `cache` keys each (the new token's included), pages shuffled
+    across the pool; K/V and q in bf16 and the same values in e4m3."""
+    mp = cache // 128
+    nb = B * mp
+    kv16 = jax.random.normal(jax.random.PRNGKey(cache), (nb, 2, 1, 128, HKV, D), jnp.bfloat16)
+    kv8 = kv16.astype(jnp.float8_e4m3fn)
+    lut = jnp.asarray(rng.permutation(nb).reshape(B, mp), jnp.int32)
+    offs = jnp.arange(B + 1, dtype=jnp.int32)
+    cl = jnp.full((B,), cache - 1, jnp.int32)
+    q16 = jax.random.normal(jax.random.PRNGKey(1), (B, H, D), jnp.bfloat16)
+    return kv16, kv8, lut, offs, cl, q16, q16.astype(jnp.float8_e4m3fn)
+
+
+def cudnn_dense_gbs(q16, cache):
+    """cuDNN's dense decode at the same shape (contiguous K/V), in GB/s of K+V."""
+    k = jax.random.normal(jax.random.PRNGKey(2), (B, cache, HKV, D), jnp.bfloat16)
+    v = jax.random.normal(jax.random.PRNGKey(3), (B, cache, HKV, D), jnp.bfloat16)
+
+    def cud(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+
+    t_cud = bench_in_graph(cud, (q16.reshape(B, 1, H, D), k, v))
+    return 2 * B * cache * HKV * D * 2 / t_cud / 1e9
+
+
+def decode_ids(rng, mp, topk):
+    """Per (kv head, sequence): the newest block and topk - 1 random earlier ones, [Hkv, B, topk]."""
+    ids = np.stack([np.sort(rng.choice(mp - 1, topk - 1, replace=False)) for _ in range(B * HKV)])
+    ids = np.concatenate([ids, np.full((B * HKV, 1), mp - 1)], 1)  # the local block
+    return jnp.asarray(ids.reshape(B, HKV, topk).transpose(1, 0, 2), jnp.int32)
 
 
 def msa_call(offs, cl, lut, npart):
