@@ -62,6 +62,20 @@ class Check:
             raise operand_error(self.op, name, "an int32 scalar (rank 0)", f"shape {tuple(a.shape)}")
         self.ints(name, a)
 
+    def per_sequence(self, name: str, a: ShapedArray, batch: int) -> None:
+        """An int vector with one entry per sequence, [B]."""
+        self.rank(name, a, 1, "[B]")
+        self.ints(name, a)
+        self.dim(name, a, 0, batch, "B")
+
+    def page_table(self, name: str, a: ShapedArray, batch: int, nonempty: bool = True) -> None:
+        """An int page table [B, max_pages]; max_pages >= 1 unless `nonempty` is False (checked later)."""
+        self.rank(name, a, 2, "[B, max_pages]")
+        self.ints(name, a)
+        self.dim(name, a, 0, batch, "B")
+        if nonempty:
+            self.nonempty(name, a, 1, "max_pages")
+
     def offsets(self, name: str, a: ShapedArray, batch: int | None = None) -> int:
         self.rank(name, a, 1, "[B+1]")
         self.ints(name, a)

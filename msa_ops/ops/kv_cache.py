@@ -30,12 +30,8 @@ def _store_abstract(kv, k, v, offsets, cache_lengths, lookup, layer_idx, *, attr
     for axis in range(3):
         c.dim("v", v, axis, k.shape[axis], "the same as 'k'")
     b = c.offsets("input_row_offsets", offsets)
-    c.rank("cache_lengths", cache_lengths, 1, "[B]")
-    c.ints("cache_lengths", cache_lengths)
-    c.dim("cache_lengths", cache_lengths, 0, b, "B")
-    c.rank("kv_lookup_table", lookup, 2, "[B, max_pages]")
-    c.ints("kv_lookup_table", lookup)
-    c.dim("kv_lookup_table", lookup, 0, b, "B")
+    c.per_sequence("cache_lengths", cache_lengths, b)
+    c.page_table("kv_lookup_table", lookup, b, nonempty=False)
     c.scalar_int("layer_idx", layer_idx)
     for axis, what in ((0, "num_blocks"), (2, "num_layers"), (3, "page_size")):
         c.nonempty("kv_blocks", kv, axis, what)
@@ -66,9 +62,7 @@ KV_CACHE_STORE = register(OpDef(
 def _ro_abstract(offsets, cache_lengths, *, attrs):
     c = Check(_RO)
     b = c.offsets("input_row_offsets", offsets)
-    c.rank("cache_lengths", cache_lengths, 1, "[B]")
-    c.ints("cache_lengths", cache_lengths)
-    c.dim("cache_lengths", cache_lengths, 0, b, "B")
+    c.per_sequence("cache_lengths", cache_lengths, b)
     return (ShapedArray((b + 1,), jnp.int32),)
 
 

@@ -52,13 +52,8 @@ def _check_paged_cache(c: Check, kv: ShapedArray, q_name: str, q: ShapedArray, d
         c.dim("kv_blocks", kv, 5, d, f"head_dim of '{q_name}'")
     for axis, what in ((0, "num_blocks"), (2, "num_layers"), (3, "page_size"), (4, "n_kv_heads")):
         c.nonempty("kv_blocks", kv, axis, what)
-    c.rank("cache_lengths", cache_lengths, 1, "[B]")
-    c.ints("cache_lengths", cache_lengths)
-    c.dim("cache_lengths", cache_lengths, 0, batch, "B")
-    c.rank("kv_lookup_table", lookup, 2, "[B, max_pages]")
-    c.ints("kv_lookup_table", lookup)
-    c.dim("kv_lookup_table", lookup, 0, batch, "B")
-    c.nonempty("kv_lookup_table", lookup, 1, "max_pages")
+    c.per_sequence("cache_lengths", cache_lengths, batch)
+    c.page_table("kv_lookup_table", lookup, batch)
     c.scalar_int("layer_idx", layer_idx)
     return kv.shape[0], kv.shape[3], kv.shape[4], lookup.shape[1]
 
@@ -221,9 +216,7 @@ def _padded_paged_check(q, kv, cache_lengths, lookup, layer_idx, valid_lengths):
     _check_paged_cache(c, kv, "q", q, d, b, cache_lengths, lookup, layer_idx)
     c.same_dtype("kv_blocks", kv, "q", q)
     c.heads("q", h, "kv_blocks", kv.shape[4])
-    c.rank("valid_lengths", valid_lengths, 1, "[B]")
-    c.ints("valid_lengths", valid_lengths)
-    c.dim("valid_lengths", valid_lengths, 0, b, "B")
+    c.per_sequence("valid_lengths", valid_lengths, b)
 
 
 def _padded_paged_plan(q, kv, cache_lengths, lookup, layer_idx, valid_lengths, *, attrs):
@@ -351,9 +344,7 @@ def _padded_no_cache_abstract(q, k, v, valid_length, *, attrs):
     c.dtype("q", q, FLOATS)
     _check_kv_pair(c, k, v, 4, "[B, Sk, Hkv, D]", q, q.shape[3])
     c.dim("k", k, 0, q.shape[0], "B of 'q'")
-    c.rank("valid_length", valid_length, 1, "[B]")
-    c.ints("valid_length", valid_length)
-    c.dim("valid_length", valid_length, 0, q.shape[0], "B")
+    c.per_sequence("valid_length", valid_length, q.shape[0])
     c.heads("q", q.shape[2], "k", k.shape[2])
     return (ShapedArray(q.shape, q.dtype),)
 

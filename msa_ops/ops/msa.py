@@ -172,13 +172,8 @@ def _ix_abstract(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *, 
         c.dim("k_blocks", k_blocks, axis, want, what)
     for axis, what in ((0, "num_blocks"), (2, "num_layers")):
         c.nonempty("k_blocks", k_blocks, axis, what)
-    c.rank("k_cache_lengths", k_cache_lengths, 1, "[B]")
-    c.ints("k_cache_lengths", k_cache_lengths)
-    c.dim("k_cache_lengths", k_cache_lengths, 0, b, "B")
-    c.rank("k_lookup_table", k_lookup, 2, "[B, max_pages]")
-    c.ints("k_lookup_table", k_lookup)
-    c.dim("k_lookup_table", k_lookup, 0, b, "B")
-    c.nonempty("k_lookup_table", k_lookup, 1, "max_pages")
+    c.per_sequence("k_cache_lengths", k_cache_lengths, b)
+    c.page_table("k_lookup_table", k_lookup, b)
     c.scalar_int("layer_idx", layer_idx)
     return (ShapedArray((hi, t, attrs.topk), jnp.int32),)
 
