@@ -534,6 +534,18 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   }
   __syncthreads();  // sQ visible
 
+  // Both paths below start key tile `it` alike: issue the load STAGES-1 tiles ahead, then wait for tile `it`.
+  auto await_tile = [&](int it) {
+    const int nxt = it + STAGES - 1;
+    if (nxt < num_tiles) {
+      load_tile(tile_first + nxt, nxt % STAGES, entry);
+      entry = fetch_pages(tile_first + nxt + 1);
+    }
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+  };
+
   if constexpr (Cfg::kTransposed) {
     // Tiles of at most 8 rows (decode with group <= 8): S^T = K Q^T puts the warp's 16 keys on the MMA's M side
     // and the tile's 8 rows on its N side, and O^T = V^T P^T likewise, so no MMA or exponential is spent on the
@@ -575,16 +587,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     for (int it = 0; it < num_tiles; ++it) {
       const int tile = tile_first + it;
       const int stage = it % STAGES;
-      {
-        const int nxt = it + STAGES - 1;
-        if (nxt < num_tiles) {
-          load_tile(tile_first + nxt, nxt % STAGES, entry);
-          entry = fetch_pages(tile_first + nxt + 1);
-        }
-        cp_async_commit();
-      }
-      cp_async_wait<STAGES - 1>();
-      __syncthreads();
+      await_tile(it);
       const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
       const T* sV = sK + Cfg::kKvTileElems;
       const int* valid = sValid + stage * (BN + RSTEP);
@@ -767,17 +770,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     for (int it = 0; it < num_tiles; ++it) {
       const int tile = tile_first + it;
       const int stage = it % STAGES;
-      // Issue the load STAGES-1 ahead, then wait for this tile.
-      {
-        const int nxt = it + STAGES - 1;
-        if (nxt < num_tiles) {
-          load_tile(tile_first + nxt, nxt % STAGES, entry);
-          entry = fetch_pages(tile_first + nxt + 1);
-        }
-        cp_async_commit();
-      }
-      cp_async_wait<STAGES - 1>();
-      __syncthreads();
+      await_tile(it);
       const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
       const T* sV = sK + Cfg::kKvTileElems;
       const int* valid = sValid + stage * (BN + RSTEP);

@@ -63,10 +63,11 @@ __device__ __forceinline__ int owner_of(const MsaArgs& a, int t, int64_t* eff_b,
 // Q.K^T. Both tiles are 32 KB of K + V per stage, so the ring holds the same bytes in flight for both dtypes.
 // (On the H200, fp8 with 8 warps or 6 stages measured no faster; NOTES_msa.md.)
 //   bf16: 64-key tiles (16 keys per warp); Q.K^T and P.V on the bf16 m16n8k16 MMA.
-//   fp8:  128-key tiles (a whole block, 32 keys per warp); Q.K^T on the e4m3 m16n8k32 MMA straight from the loaded tile (q is
-//         e4m3 too), P.V on the f16 m16n8k16 MMA with V widened in registers (e4m3 -> f16 is exact): ldmatrix
-//         .trans hands each lane two keys of one pair of adjacent columns, a byte permute splits the pair, and the
-//         even and odd columns run as two MMAs whose output columns are interleaved (col_of below).
+//   fp8:  128-key tiles (a whole block, 32 keys per warp); Q.K^T on the e4m3 m16n8k32 MMA straight from the
+//         loaded tile (q is e4m3 too; on sm_90 ptxas widens both operands to f16 per MMA), P.V on the f16
+//         m16n8k16 MMA with V widened in registers (e4m3 -> f16 is exact): ldmatrix .trans hands each lane two
+//         keys of one pair of adjacent columns, a byte permute splits the pair, and the even and odd columns run
+//         as two MMAs whose output columns are interleaved (col_of below).
 // Two e4m3 values (the low 16 bits) -> f16x2, the low byte in the low half (exact).
 __device__ __forceinline__ uint32_t pair_to_f16x2(uint32_t x) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), __NV_E4M3);
@@ -292,6 +293,14 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     if (s < num_tiles) load_tile(s, s);
     cp_async_commit();
   }
+  // Both paths below start tile `it` alike: issue the load kStages-1 tiles ahead, then wait for tile `it`.
+  auto await_tile = [&](int it) {
+    const int nxt = it + kStages - 1;
+    if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+  };
 
   if constexpr (kT) {
     // At most 8 heads (group <= 8): S^T = K Q^T and O^T = V^T P^T put the warp's keys on the MMA's M side and the
@@ -322,15 +331,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
 
     for (int it = 0; it < num_tiles; ++it) {
-      const int stage = it % kStages;
-      {
-        const int nxt = it + kStages - 1;
-        if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
-        cp_async_commit();
-      }
-      cp_async_wait<kStages - 1>();
-      __syncthreads();
-      const unsigned char* sK = ring + stage * S::kStageBytes;
+      await_tile(it);
+      const unsigned char* sK = ring + (it % kStages) * S::kStageBytes;
       const unsigned char* sV = sK + kBN * kRowBytes;
       const int key0 = sTiles[it];
 
@@ -480,15 +482,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
 
     for (int it = 0; it < num_tiles; ++it) {
-      const int stage = it % kStages;
-      {
-        const int nxt = it + kStages - 1;
-        if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
-        cp_async_commit();
-      }
-      cp_async_wait<kStages - 1>();
-      __syncthreads();
-      const unsigned char* sK = ring + stage * S::kStageBytes;
+      await_tile(it);
+      const unsigned char* sK = ring + (it % kStages) * S::kStageBytes;
       const unsigned char* sV = sK + kBN * kRowBytes;
       const int key0 = sTiles[it];
 
