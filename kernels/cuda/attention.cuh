@@ -545,6 +545,13 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     cp_async_wait<STAGES - 1>();
     __syncthreads();
   };
+  // Whether every key of a key tile exists: its per-row counts in `valid` add up to BN.
+  auto all_present = [&](const int* valid) {
+    int present = 0;
+#pragma unroll
+    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
+    return present == BN;
+  };
 
   if constexpr (Cfg::kTransposed) {
     // Tiles of at most 8 rows (decode with group <= 8): S^T = K Q^T puts the warp's 16 keys on the MMA's M side
@@ -592,10 +599,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
       const T* sV = sK + Cfg::kKvTileElems;
       const int* valid = sValid + stage * (BN + RSTEP);
       const int tile_key0 = tile * BN;
-      int present = 0;
-#pragma unroll
-      for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
-      const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+      const bool present = all_present(valid);
+      const bool full = sl2 > 0.f && present && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
 
       // S^T = K Q^T: K (keys x dims, row-major in smem) is the A operand as it lies.
       float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -775,10 +780,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
       const T* sV = sK + Cfg::kKvTileElems;
       const int* valid = sValid + stage * (BN + RSTEP);
       const int tile_key0 = tile * BN;
-      int present = 0;
-#pragma unroll
-      for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
-      const bool full = sl2 > 0.f && present == BN && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+      const bool present = all_present(valid);
+      const bool full = sl2 > 0.f && present && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
       constexpr int kChunks = Cfg::kWarpKeys / Cfg::kChunkKeys;
 #pragma unroll 1
       for (int kc = 0; kc < kChunks; ++kc) {
