@@ -335,6 +335,14 @@ __device__ __forceinline__ void store_row(const AttentionArgs& a, int64_t qrow, 
 
 // Merge weights of one row's partial states from the key-split warps of a CTA: ml is [W][rows][2] (m, l per warp
 // and row). Returns the merged m and l, and f[w] = 2^(m_w - m) (0 for a warp that saw no key of the row).
+// Transposed tiles: each of a thread's two row sums added over the 8 lane groups (lanes of equal lane % 4).
+__device__ __forceinline__ void sum_over_lane_groups(float* l) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int d = 4; d < 32; d <<= 1) l[i] += __shfl_xor_sync(0xffffffff, l[i], d);
+}
+
 template <int W>
 __device__ __forceinline__ void merge_weights(const float* ml, int rows, int r, float* mt, float* lt, float* f) {
   float m = -INFINITY;
@@ -669,10 +677,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 
     // Row sums across g, then the four warps' states merge through shared memory; thread tid then finishes row
     // tid / 16, dims (tid % 16) * D / 16 onwards.
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int d = 4; d < 32; d <<= 1) l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], d);
+    sum_over_lane_groups(l_run);
     __syncthreads();
     constexpr int MS = Cfg::kMergeStride;
     float* mo = reinterpret_cast<float*>(smem_raw + Cfg::kSmemQ);  // [warps][8][MS]

@@ -418,10 +418,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 
     // Head sums across g; the four warps merge through shared memory, and thread tid finishes head tid / 16,
     // dims (tid % 16) * 8 onwards.
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int d = 4; d < 32; d <<= 1) l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], d);
+    sum_over_lane_groups(l_run);
     __syncthreads();
     constexpr int MS = kD + 4;  // padded rows: conflict-free stores
     float* mo = reinterpret_cast<float*>(ring);  // [warps][8][MS]
