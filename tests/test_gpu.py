@@ -221,6 +221,34 @@ def test_cuda_mha_8_row_tiles_match_oracle(group, n_tok, mask):
         assert_close(got, want, budget_for(dtype))
 
 
+@pytest.mark.parametrize("group,n_tok,hint", [(4, 1, 1), (16, 1, 1), (2, 40, 32)])
+@pytest.mark.parametrize("np_", [1, 3])
+def test_cuda_mha_unowned_rows_are_zero(group, n_tok, hint, np_):
+    """Rows before offsets[0] and past offsets[B] output 0 (unsplit, the attention kernel's spare CTAs write them;
+    split, the combine kernel; 8-, 16- and 64-row tiles). The output's memory is poisoned first (an array of its size filled with NaN and
+    freed), so rows that nobody writes show up."""
+    rng = np.random.default_rng(11 + group + n_tok)
+    hkv, d, page = 2, 128, 128
+    n = [n_tok, n_tok, 3 * n_tok, n_tok]
+    cache = [int(x) for x in rng.integers(0, 300, len(n))]
+    lead, tail = 3, 5
+    offs = np.concatenate([[lead], lead + np.cumsum(n)]).astype(np.int32)
+    T = int(offs[-1]) + tail
+    h = hkv * group
+    pc = make_paged_cache(rng, [c + m for c, m in zip(cache, n)], page_size=page, max_pages=4, n_kv_heads=hkv,
+                          head_dim=d, dtype=jnp.bfloat16)
+    q = rand(rng, (T, h, d), jnp.bfloat16)
+    args = (q, offs, pc.kv_blocks, np.asarray(cache, np.int32), pc.lut, 1)
+    f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=np_,
+                                                    max_prompt_length=hint, implementation="native"))
+    jax.block_until_ready(f(*args))  # compiled; its temporaries freed
+    poison = jnp.full((T, h, d), jnp.nan, jnp.bfloat16).block_until_ready()
+    del poison
+    got = np.asarray(f(*args), np.float32)
+    assert np.all(got[:lead] == 0) and np.all(got[T - tail:] == 0)
+    assert_close(got, oracle.mha_ragged_paged(*args, mask_str="causal"), budget_for(jnp.bfloat16))
+
+
 @pytest.mark.parametrize("np_", [0, 1, 5])
 @pytest.mark.parametrize("mask", ["causal", "null", "chunked_causal"])
 def test_cuda_mha_padded_paged_matches_oracle(np_, mask):

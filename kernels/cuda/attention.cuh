@@ -157,7 +157,7 @@ struct SwizzledTile {
 // ------------------------------------------------------------------------------------------------ sequences
 
 struct SeqTile {
-  int b;          // sequence
+  int b;          // sequence; -1 past the last tile (ragged queries: then row0 = tiles, pos0 = end of owned rows)
   int row0;       // first packed row of this tile within the sequence (packed row = token * group + g)
   int n_q;        // query tokens of the sequence
   int q_base;     // query row index (into q's leading dims flattened) of token 0
@@ -237,7 +237,11 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
       first += __shfl_sync(0xffffffff, cs, 31);
       carry = __shfl_sync(0xffffffff, eff_next, 31);
     }
-    if (st.b < 0) return st;
+    if (st.b < 0) {  // past the last tile: row0 = the number of tiles, pos0 = the end of the owned rows
+      st.row0 = first;
+      st.pos0 = carry;
+      return st;
+    }
   }
   const int b = st.b;
   if (a.kv_mode == kKvPaged) {
@@ -361,6 +365,26 @@ __device__ __forceinline__ void merge_weights(const float* ml, int rows, int r, 
 
 // ------------------------------------------------------------------------------------------------ kernel
 
+// Rows owned by no sequence (ragged queries: [0, lo) and [hi, T), lo = offsets[0] and hi = the end of the
+// repaired offsets, both clamped) output 0. Unsplit, the attention kernel's spare CTAs (x tiles past the last
+// tile) write them, so no second launch is needed: the grid has B + ceil(T * group / BLOCK_M) x tiles and the
+// sequences use fewer than owned * group / BLOCK_M + B, so at least one x tile is spare whenever a row is
+// unowned. Spare x tile `spare` of `n_spare` zeroes the kv head's group of heads of every n_spare-th unowned row.
+template <typename T, int D>
+__device__ __forceinline__ void zero_unowned_ragged(const AttentionArgs& a, int spare, int n_spare, int hkv,
+                                                     int64_t hi) {
+  const int64_t T_ = a.total_rows;
+  const int64_t lo = imin(imax(0, a.q_offsets[0]), T_);
+  const int64_t unowned = lo + (T_ - imax(hi, lo));
+  const int elems = a.group * D;  // one kv head's group of heads in a row: contiguous, 16-byte aligned
+  for (int64_t j = spare; j < unowned; j += n_spare) {
+    const int64_t t = j < lo ? j : imax(hi, lo) + (j - lo);
+    T* dst = static_cast<T*>(a.out) + (t * a.H + static_cast<int64_t>(hkv) * a.group) * D;
+    for (int e = threadIdx.x * 8; e < elems; e += blockDim.x * 8)
+      *reinterpret_cast<uint4*>(dst + e) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 template <typename T, int D, int BLOCK_M, int STAGES>
 struct AttentionConfig {
   static constexpr int kThreads = 128;
@@ -413,8 +437,14 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   constexpr bool kHeadsFastest = BLOCK_M <= kHeadsFastestRows;
   const int x_tile = kHeadsFastest ? static_cast<int>(blockIdx.x) / a.Hkv : static_cast<int>(blockIdx.x);
   const SeqTile st = locate_tile<BLOCK_M>(a, x_tile);
-  if (st.b < 0) return;
   const int hkv = kHeadsFastest ? static_cast<int>(blockIdx.x) - x_tile * a.Hkv : static_cast<int>(blockIdx.y);
+  if (st.b < 0) {
+    if (a.q_mode != kQPadded && a.num_partitions <= 1) {  // unsplit ragged: the spare CTAs zero unowned rows
+      const int n_x = kHeadsFastest ? static_cast<int>(gridDim.x) / a.Hkv : static_cast<int>(gridDim.x);
+      zero_unowned_ragged<T, D>(a, x_tile - st.row0, n_x - st.row0, hkv, st.pos0);
+    }
+    return;
+  }
   const int part = blockIdx.z;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;

@@ -61,6 +61,7 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       launched = true;
     }
   }
+  bool zeroed = false;  // rows owned by no sequence written by the attention kernel (its spare CTAs)
   if (grid_x > 0 && !launched) {
     auto kernel = attention_kernel<T, D, BM, STAGES>;
     // Attribute set per launch (cheap, idempotent, no synchronization).
@@ -70,8 +71,9 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     const dim3 g = BM <= kHeadsFastestRows ? dim3(grid_x * a.Hkv, 1, grid.z) : grid;
     kernel<<<g, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     if (Error e = check_launch(target); e.failure()) return e;
+    zeroed = a.q_mode != kQPadded && a.num_partitions <= 1;
   }
-  if (a.total_rows > 0) {
+  if (a.total_rows > 0 && !zeroed) {
     if (a.num_partitions > 1)
       split_k_combine_kernel<T, D><<<dim3(a.total_rows, a.H), D, 0, stream>>>(a);
     else
