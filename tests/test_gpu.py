@@ -212,7 +212,7 @@ def test_cuda_mha_8_row_tiles_match_oracle(group, n_tok, mask):
     kv_blocks = nan_past_keys(cache_, batch.cache, batch.n, page)
     args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache_.lut, 1)
     kw = dict(mask_str=mask, local_window_size=int(rng.integers(1, 60)))
-    for np_ in (0, 1, 3):
+    for np_ in (0, 1, 3, 8):
         plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=np_, max_prompt_length=n_tok, **kw)
         assert plan.tile_m == 8
         got = jax.jit(lambda *a, np_=np_: msa_ops.mha_ragged_paged(
@@ -224,8 +224,9 @@ def test_cuda_mha_8_row_tiles_match_oracle(group, n_tok, mask):
 @pytest.mark.parametrize("group,n_tok,hint", [(4, 1, 1), (16, 1, 1), (2, 40, 32)])
 @pytest.mark.parametrize("np_", [1, 3])
 def test_cuda_mha_unowned_rows_are_zero(group, n_tok, hint, np_):
-    """Rows before offsets[0] and past offsets[B] output 0 (unsplit, the attention kernel's spare CTAs write them;
-    split, the combine kernel; 8-, 16- and 64-row tiles). The output's memory is poisoned first (an array of its size filled with NaN and
+    """Rows before offsets[0] and past offsets[B] output 0: written by the attention kernel's spare CTAs when the
+    partitions merge in the kernel (unsplit; split 8-row tiles on sm_90+, in clusters), else by the combine kernel;
+    8-, 16- and 64-row tiles. The output's memory is poisoned first (an array of its size filled with NaN and
     freed), so rows that nobody writes show up."""
     rng = np.random.default_rng(11 + group + n_tok)
     hkv, d, page = 2, 128, 128
@@ -247,6 +248,48 @@ def test_cuda_mha_unowned_rows_are_zero(group, n_tok, hint, np_):
     got = np.asarray(f(*args), np.float32)
     assert np.all(got[:lead] == 0) and np.all(got[T - tail:] == 0)
     assert_close(got, oracle.mha_ragged_paged(*args, mask_str="causal"), budget_for(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("merge", ["1", "0"])
+def test_cuda_split_k_cluster_merge_and_combine(merge, monkeypatch):
+    """Decode split 2..8 ways with 8-row tiles (dense) or groups of at most 8 heads (MSA): the partitions of a tile
+    merge inside their thread-block cluster (sm_90+), or with MSA_OPS_CLUSTER_MERGE=0 through the workspace and
+    the combine kernel. Both match the oracle: dense with sinks, a sliding window and rows owned by no sequence
+    (output poisoned first), MSA in bf16 and fp8."""
+    monkeypatch.setenv("MSA_OPS_CLUSTER_MERGE", merge)
+    rng = np.random.default_rng(31)
+    hkv, group, d, page = 2, 4, 128, 16
+    n = [1, 1, 1, 1, 1]
+    cache = [700, 3, 0, 511, 64]
+    lead, tail = 2, 3
+    offs = np.concatenate([[lead], lead + np.cumsum(n)]).astype(np.int32)
+    T, h = int(offs[-1]) + tail, hkv * group
+    pc = make_paged_cache(rng, [c + m for c, m in zip(cache, n)], page_size=page, max_pages=-(-704 // page),
+                          n_kv_heads=hkv, head_dim=d, dtype=jnp.bfloat16)
+    q = rand(rng, (T, h, d), jnp.bfloat16)
+    sink = rand(rng, (h,), jnp.bfloat16)
+    args = (q, offs, nan_past_keys(pc, cache, n, page), np.asarray(cache, np.int32), pc.lut, 1)
+    kw = dict(mask_str="sliding_window_causal", local_window_size=300)
+    want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
+    for np_ in (2, 5, 8):
+        plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=np_, max_prompt_length=1, **kw)
+        assert plan.tile_m == 8 and plan.num_partitions == np_
+        f = jax.jit(lambda *a, np_=np_: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=np_,
+                                                                 max_prompt_length=1, implementation="native", **kw))
+        jax.block_until_ready(f(*args))
+        poison = jnp.full((T, h, d), jnp.nan, jnp.bfloat16).block_until_ready()
+        del poison
+        got = np.asarray(f(*args), np.float32)
+        assert np.all(got[:lead] == 0) and np.all(got[T - tail:] == 0), np_
+        assert_close(got, want, budget_for(jnp.bfloat16))
+    for dtype in (jnp.bfloat16, jnp.float8_e4m3fn):
+        batch, mc, mq, ids = _msa_case(np.random.default_rng(32), "decode", 4, 16, dtype)
+        margs = (mq, batch.offsets, None, mc.kv_blocks, batch.cache_lengths, mc.lut, 1, ids)
+        mwant = oracle.msa_attention_ragged_paged(*margs)
+        for np_ in (2, 8):
+            got = jax.jit(lambda *a, np_=np_: msa_ops.msa_attention_ragged_paged(
+                *a, num_partitions=np_, implementation="native"), static_argnums=2)(*margs)
+            assert_close(got, mwant, budget_for(dtype))
 
 
 @pytest.mark.parametrize("np_", [0, 1, 5])

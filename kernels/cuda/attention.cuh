@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 
 #include "msa_ops/common.h"
 #include "msa_ops/mask.h"
@@ -370,6 +372,161 @@ __device__ __forceinline__ void merge_weights(const float* ml, int rows, int r, 
 // tile) write them, so no second launch is needed: the grid has B + ceil(T * group / BLOCK_M) x tiles and the
 // sequences use fewer than owned * group / BLOCK_M + B, so at least one x tile is spare whenever a row is
 // unowned. Spare x tile `spare` of `n_spare` zeroes the kv head's group of heads of every n_spare-th unowned row.
+// ---- split-K partitions merged inside a thread-block cluster (sm_90+)
+// When the partitions of one (query tile, kv head) are launched as one cluster along z (cluster rank = partition,
+// 2..8 of them), they merge through distributed shared memory at the end of the kernel instead of through the
+// workspace and a second kernel. Transposed (8-row) epilogues: thread (r, c) of 16 per row holds row r's partial
+// for dims c * DPT onwards: m (log2 units), l and the unnormalized sum acc. Every thread of every CTA of the
+// cluster calls this (it holds two cluster barriers). `xchg` is kClusterXchgFloats(DPT) floats of the CTA's
+// shared memory, 16-byte aligned, that nothing else uses now. Chunk c of row r is finished by the CTA of rank c % partitions: it returns
+// true with the normalized output in res (zeros when no partition saw a key), sink_log2 (the sink logit in
+// log2 units, or -inf) counted once in the denominator.
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ uint32_t cluster_rank_and_size(uint32_t* size) {
+  uint32_t rank = 0, n = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+#endif
+  *size = n;
+  return rank;
+}
+// A float4 / float2 of the shared memory of cluster CTA `rank`, at the address `addr` has in this CTA's.
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#endif
+  return v;
+}
+__device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr, uint32_t rank) {
+  float2 v = make_float2(0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+#endif
+  return v;
+}
+constexpr int kMaxClusterPartitions = 8;
+__host__ __device__ constexpr int kClusterXchgFloats(int dpt) { return 8 * (dpt * 16 + 4); }  // 8 rows: 16 chunks, (m, l), padding
+
+template <int DPT>
+__device__ __forceinline__ bool cluster_merge(float* xchg, int r, int c, float m, float l, const float* acc,
+                                              float sink_log2, float* res) {
+  static_assert(DPT % 4 == 0, "float4 chunks");
+  float* row = xchg + r * (DPT * 16 + 4);  // the row's 16 chunks, then (m, l), padded to 16 bytes
+#pragma unroll
+  for (int j = 0; j < DPT / 4; ++j)
+    reinterpret_cast<float4*>(row + c * DPT)[j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+  if (c == 0) *reinterpret_cast<float2*>(row + DPT * 16) = make_float2(m, l);
+  cluster_barrier();  // every partition's partial written and visible across the cluster
+  uint32_t np = 1;
+  const uint32_t rank = cluster_rank_and_size(&np);
+  const bool mine = static_cast<uint32_t>(c) % np == rank;
+  if (mine) {
+    float mq[kMaxClusterPartitions], lq[kMaxClusterPartitions];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < kMaxClusterPartitions; ++q) {
+      const float2 v = q < static_cast<int>(np) ? ld_cluster_f2(smem_addr(row + DPT * 16), q) : make_float2(-INFINITY, 0.f);
+      mq[q] = v.x;
+      lq[q] = v.y;
+      mx = fmaxf(mx, v.y > 0.f ? v.x : -INFINITY);
+    }
+    float den = 0.f;
+#pragma unroll
+    for (int j = 0; j < DPT; ++j) res[j] = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int q = 0; q < kMaxClusterPartitions; ++q) {
+        if (q >= static_cast<int>(np) || !(lq[q] > 0.f)) continue;
+        const float w = exp2f(mq[q] - mx);
+        den += w * lq[q];
+#pragma unroll
+        for (int j = 0; j < DPT / 4; ++j) {
+          const float4 v = ld_cluster_f4(smem_addr(row + c * DPT + 4 * j), q);
+          res[4 * j] += w * v.x;
+          res[4 * j + 1] += w * v.y;
+          res[4 * j + 2] += w * v.z;
+          res[4 * j + 3] += w * v.w;
+        }
+      }
+      if (sink_log2 != -INFINITY) den += exp2f(sink_log2 - mx);
+      const float inv = 1.f / den;
+#pragma unroll
+      for (int j = 0; j < DPT; ++j) res[j] *= inv;
+    }
+  }
+  cluster_barrier();  // no CTA leaves (and frees its shared memory) while another may still read it
+  return mine;
+}
+
+// Host: whether the split-K partitions of `kernel` (128 threads, `smem` bytes of dynamic shared memory) run as
+// clusters of `np` along z that merge in the kernel: np within kClusterMergeMaxPartitions, a cluster of them fits
+// the GPU (compute capability 9.0+), and MSA_OPS_CLUSTER_MERGE is not 0. The answer is kept per kernel and np.
+// The merge itself handles up to kMaxClusterPartitions (and passes the GPU tests at 2..8 on an H200), but the
+// launch uses it for two partitions only: at eight, B=4 / 64k dense decode ran at half speed on an H200 (one
+// cluster of 8 holds 8 of a GPC's CTA slots at once; the grid no longer fits one wave), benchmarks/NOTES_mha.md.
+constexpr int kClusterMergeMaxPartitions = 2;
+template <typename... KArgs>
+bool cluster_merge_ok(void (*kernel)(KArgs...), int np, size_t smem) {
+  if (np < 2 || np > kClusterMergeMaxPartitions) return false;
+  const char* env = std::getenv("MSA_OPS_CLUSTER_MERGE");
+  if (env != nullptr && env[0] == '0') return false;
+  static int known[kMaxClusterPartitions + 1] = {};  // 0 not asked, 1 yes, 2 no
+  if (known[np] == 0) {
+    int dev = 0, major = 0, clusters = 0;
+    bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    if (ok) {
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = np;
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(1, 1, np);
+      cfg.blockDim = dim3(128);
+      cfg.dynamicSmemBytes = smem;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+      cudaGetLastError();  // a refusal leaves no sticky error behind
+    }
+    known[np] = ok ? 1 : 2;
+  }
+  return known[np] == 1;
+}
+
+// Host: kernel<<<grid, block, smem, stream>>>(args...) with clusters of cz CTAs along z.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_clusters_z(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                              int cz, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = cz;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void zero_unowned_ragged(const AttentionArgs& a, int spare, int n_spare, int hkv,
                                                      int64_t hi) {
@@ -419,7 +576,9 @@ struct AttentionConfig {
 // Tiles of this height (decode) put the kv heads of a query tile next to each other in the grid (attention_kernel).
 constexpr int kHeadsFastestRows = 16;  // and lower
 
-template <typename T, int D, int BLOCK_M, int STAGES>
+// kCluster (8-row tiles only): the launch groups each tile's split-K partitions into one cluster along z, and
+// they merge here (cluster_merge) instead of in split_k_combine_kernel.
+template <typename T, int D, int BLOCK_M, int STAGES, bool kCluster = false>
 __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   using Cfg = AttentionConfig<T, D, BLOCK_M, STAGES>;
   using M = Mma<T>;
@@ -439,9 +598,12 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   const SeqTile st = locate_tile<BLOCK_M>(a, x_tile);
   const int hkv = kHeadsFastest ? static_cast<int>(blockIdx.x) - x_tile * a.Hkv : static_cast<int>(blockIdx.y);
   if (st.b < 0) {
-    if (a.q_mode != kQPadded && a.num_partitions <= 1) {  // unsplit ragged: the spare CTAs zero unowned rows
+    // Ragged, partitions merged here (one, or a cluster): the spare CTAs zero the unowned rows.
+    if (a.q_mode != kQPadded && (kCluster || a.num_partitions <= 1)) {
       const int n_x = kHeadsFastest ? static_cast<int>(gridDim.x) / a.Hkv : static_cast<int>(gridDim.x);
-      zero_unowned_ragged<T, D>(a, x_tile - st.row0, n_x - st.row0, hkv, st.pos0);
+      const int nz = kCluster ? static_cast<int>(gridDim.z) : 1;
+      const int z = kCluster ? static_cast<int>(blockIdx.z) : 0;
+      zero_unowned_ragged<T, D>(a, (x_tile - st.row0) * nz + z, (n_x - st.row0) * nz, hkv, st.pos0);
     }
     return;
   }
@@ -727,7 +889,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     constexpr int DPT = D / 16;  // dims per thread
     const int r = tid / 16, d0 = (tid % 16) * DPT;
     const int pr = st.row0 + r;
-    if (pr >= rows_seq) return;
+    const bool live = pr < rows_seq;
+    if (!live && !kCluster) return;  // (every thread of a cluster reaches its barriers)
     float mt, lt, f[Cfg::kWarps];
     merge_weights<Cfg::kWarps>(ml, 8, r, &mt, &lt, f);
     float acc[DPT];
@@ -740,14 +903,11 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     const int64_t qrow = st.q_base + pr / group;
     const int h = hkv * group + pr % group;
     const bool any = lt > 0.f;
-    if (a.num_partitions <= 1) {
-      const T* sink = static_cast<const T*>(a.sink);
-      float den = lt;
-      if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - mt);
-      const float inv = any ? 1.f / den : 0.f;
+    const T* sink = static_cast<const T*>(a.sink);
+    auto store_out = [&](const float* v, float inv) {  // the output row's DPT dims from d0, times inv
       uint32_t packed[DPT / 2];
 #pragma unroll
-      for (int j = 0; j < DPT / 2; ++j) packed[j] = M::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+      for (int j = 0; j < DPT / 2; ++j) packed[j] = M::pack(v[2 * j] * inv, v[2 * j + 1] * inv);
       T* dst = static_cast<T*>(a.out) + (qrow * a.H + h) * D + d0;
       if constexpr (DPT == 8) {
         *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
@@ -755,6 +915,19 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 #pragma unroll
         for (int j = 0; j < DPT / 2; ++j) reinterpret_cast<uint32_t*>(dst)[j] = packed[j];
       }
+    };
+    if constexpr (kCluster) {  // the partitions of this tile and head are one cluster: merge them here
+      static_assert((Cfg::kWarps * 8 * MS + Cfg::kWarps * 16 + kClusterXchgFloats(DPT)) * 4 <= Cfg::kSmemKv,
+                    "merge scratch within the K/V ring");
+      if (!live) mt = -INFINITY, lt = 0.f;
+      const float sink_log2 = live && sink != nullptr ? M::to_float(sink[h]) * 1.4426950408889634f : -INFINITY;
+      float res[DPT];
+      if (cluster_merge<DPT>(ml + Cfg::kWarps * 16, r, tid % 16, mt, lt, acc, sink_log2, res) && live)
+        store_out(res, 1.f);
+    } else if (a.num_partitions <= 1) {
+      float den = lt;
+      if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - mt);
+      store_out(acc, any ? 1.f / den : 0.f);
     } else {
       const float inv = any ? 1.f / lt : 0.f;
       const int64_t ws_row = (static_cast<int64_t>(part) * a.total_rows + qrow) * a.H + h;

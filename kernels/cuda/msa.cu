@@ -144,7 +144,9 @@ struct MsaSmem {
 };
 
 // kT: the transposed form for groups of at most 8 heads (one row block).
-template <typename KV, bool kT>
+// kCluster (with kT only): the launch groups each token's split-K partitions into one cluster along z, and they
+// merge here (cluster_merge) instead of in split_k_combine_kernel.
+template <typename KV, bool kT, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a) {
   using T = KvTraits<KV>;
   using PvMma = Mma<typename T::Pv>;
@@ -173,8 +175,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 
   int64_t e0 = 0, e1 = 0;
   const int b = owner_of(a, t, &e0, &e1);
-  if (b < 0) {  // a padding row: zero here when unsplit (saves a launch); split-K's combine zeroes it otherwise
-    if (a.num_partitions <= 1) {
+  if (b < 0) {  // a padding row: zero here when the partitions merge here; split-K's combine zeroes it otherwise
+    if (a.num_partitions <= 1 || (kCluster && part == 0)) {
       const int rows = min(16, a.group - g0);
       __nv_bfloat16* dst = a.out + (static_cast<int64_t>(t) * a.H + static_cast<int64_t>(hkv) * a.group + g0) * kD;
       for (int i = tid; i < rows * kD / 8; i += kThreads) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
@@ -436,7 +438,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     }
     __syncthreads();
     const int r = tid / 16, d0 = (tid % 16) * 8;
-    if (r >= rows) return;
+    const bool live = r < rows;
+    if (!live && !kCluster) return;  // (every thread of a cluster reaches its barriers)
     float mt, lt, f[kWarps];
     merge_weights<kWarps>(ml, 8, r, &mt, &lt, f);
     float acc[8];
@@ -449,12 +452,21 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     const int64_t h = static_cast<int64_t>(hkv) * a.group + r;
     const bool any = lt > 0.f;
     const float inv = any ? 1.f / lt : 0.f;
-    if (a.num_partitions <= 1) {
+    auto store_out = [&](const float* v, float scale) {
       uint32_t pk[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) pk[j] = Mma<__nv_bfloat16>::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+      for (int j = 0; j < 4; ++j) pk[j] = Mma<__nv_bfloat16>::pack(v[2 * j] * scale, v[2 * j + 1] * scale);
       *reinterpret_cast<uint4*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + d0) =
           make_uint4(pk[0], pk[1], pk[2], pk[3]);  // the output is bf16 for both KV dtypes
+    };
+    if constexpr (kCluster) {  // the token's partitions are one cluster: merge them here
+      static_assert((kWarps * 8 * MS + kWarps * 16 + kClusterXchgFloats(8)) * 4 <= S::kMergeBytes,
+                    "merge scratch within the merge area");
+      if (!live) mt = -INFINITY, lt = 0.f;
+      float res[8];
+      if (cluster_merge<8>(ml + kWarps * 16, r, tid % 16, mt, lt, acc, -INFINITY, res) && live) store_out(res, 1.f);
+    } else if (a.num_partitions <= 1) {
+      store_out(acc, inv);
     } else {
       const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
       float4* dst = reinterpret_cast<float4*>(a.ws_o + wr * kD + d0);
@@ -685,6 +697,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   using S = MsaSmem<KV>;
   const AttentionArgs a = as_attention(m);
   Sm90Kv kv;  // the TMA descriptors of the pool (without them the per-token kernel serves the call)
+  bool clustered = false;  // split-K partitions launched as clusters that merge in the kernel
   const bool prefill = m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m) &&
                        make_sm90_kv<__nv_bfloat16, kD>(a, &kv) && kv.box_rows == kBlock;
   if (prefill) {
@@ -721,7 +734,18 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
     const int row_blocks = (m.group + 15) / 16;
     dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
-    kernel<<<grid, kThreads, S::kBytesTotal, stream>>>(m);
+    // Groups of at most 8 heads split in two: each token's partitions form a cluster and merge in the kernel.
+    if (m.group <= 8) {
+      auto kc = msa_attention_kernel<KV, true, true>;
+      cudaFuncSetAttribute(kc, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
+      if (cluster_merge_ok(kc, m.num_partitions, S::kBytesTotal)) {
+        if (cudaError_t e = launch_clusters_z(kc, grid, dim3(kThreads), S::kBytesTotal, stream, m.num_partitions, m);
+            e != cudaSuccess)
+          return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
+        clustered = true;
+      }
+    }
+    if (!clustered) kernel<<<grid, kThreads, S::kBytesTotal, stream>>>(m);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
   }
@@ -730,7 +754,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   if (m.T > 0 && m.topk == 0) {  // nothing selected: every row is zero
     if (cudaError_t e = cudaMemsetAsync(m.out, 0, static_cast<size_t>(m.T) * m.H * kD * 2, stream); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": memset failed: " + cudaGetErrorString(e));
-  } else if (m.T > 0 && (m.num_partitions > 1 || prefill)) {
+  } else if (m.T > 0 && ((m.num_partitions > 1 && !clustered) || prefill)) {
     if (m.num_partitions > 1)
       split_k_combine_kernel<__nv_bfloat16, kD><<<dim3(m.T, m.H), kD, 0, stream>>>(a);
     else
