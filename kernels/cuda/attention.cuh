@@ -471,6 +471,28 @@ __device__ __forceinline__ bool cluster_merge(float* xchg, int r, int c, float m
   return mine;
 }
 
+// Host: the launch attribute for clusters of cz CTAs along z, and a launch configuration carrying it (`attr`
+// must outlive the configuration).
+inline cudaLaunchAttribute cluster_z_attr(int cz) {
+  cudaLaunchAttribute at{};
+  at.id = cudaLaunchAttributeClusterDimension;
+  at.val.clusterDim.x = 1;
+  at.val.clusterDim.y = 1;
+  at.val.clusterDim.z = static_cast<unsigned>(cz);
+  return at;
+}
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                                cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Host: whether the split-K partitions of `kernel` (128 threads, `smem` bytes of dynamic shared memory) run as
 // clusters of `np` along z that merge in the kernel: np within kClusterMergeMaxPartitions, a cluster of them fits
 // the GPU (compute capability 9.0+), and MSA_OPS_CLUSTER_MERGE is not 0. The answer is kept per kernel and np.
@@ -489,17 +511,8 @@ bool cluster_merge_ok(void (*kernel)(KArgs...), int np, size_t smem) {
     bool ok = cudaGetDevice(&dev) == cudaSuccess &&
               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
     if (ok) {
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = np;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(1, 1, np);
-      cfg.blockDim = dim3(128);
-      cfg.dynamicSmemBytes = smem;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
+      cudaLaunchAttribute attr[1] = {cluster_z_attr(np)};
+      const cudaLaunchConfig_t cfg = cluster_launch_config(dim3(1, 1, np), dim3(128), smem, nullptr, attr);
       ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
       cudaGetLastError();  // a refusal leaves no sticky error behind
     }
@@ -512,18 +525,8 @@ bool cluster_merge_ok(void (*kernel)(KArgs...), int np, size_t smem) {
 template <typename... KArgs, typename... Args>
 cudaError_t launch_clusters_z(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                               int cz, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = cz;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[1] = {cluster_z_attr(cz)};
+  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, block, smem, stream, attr);
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
