@@ -511,6 +511,7 @@ bool cluster_merge_ok(void (*kernel)(KArgs...), int np, size_t smem) {
     bool ok = cudaGetDevice(&dev) == cudaSuccess &&
               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
     if (ok) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       cudaLaunchAttribute attr[1] = {cluster_z_attr(np)};
       const cudaLaunchConfig_t cfg = cluster_launch_config(dim3(1, 1, np), dim3(128), smem, nullptr, attr);
       ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
@@ -521,13 +522,18 @@ bool cluster_merge_ok(void (*kernel)(KArgs...), int np, size_t smem) {
   return known[np] == 1;
 }
 
-// Host: kernel<<<grid, block, smem, stream>>>(args...) with clusters of cz CTAs along z.
+// Host: where cluster_merge_ok(kernel, np, smem) says so, launches kernel<<<grid, 128, smem, stream>>>(args...)
+// with its split-K partitions (grid z = np) as clusters of np, and returns true (the launch's error is left for
+// cudaGetLastError, as after any launch); else launches nothing and returns false.
 template <typename... KArgs, typename... Args>
-cudaError_t launch_clusters_z(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                              int cz, Args&&... args) {
-  cudaLaunchAttribute attr[1] = {cluster_z_attr(cz)};
-  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, block, smem, stream, attr);
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+bool launch_cluster_merge(void (*kernel)(KArgs...), int np, dim3 grid, size_t smem, cudaStream_t stream,
+                          Args&&... args) {
+  if (!cluster_merge_ok(kernel, np, smem)) return false;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaLaunchAttribute attr[1] = {cluster_z_attr(np)};
+  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, dim3(128), smem, stream, attr);
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  return true;
 }
 
 template <typename T, int D>

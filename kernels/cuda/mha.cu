@@ -61,33 +61,27 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       launched = true;
     }
   }
-  bool merged = a.num_partitions <= 1;  // no split-K partials left for the combine kernel
-  bool zeroed = false;                   // rows owned by no sequence written by the attention kernel (spare CTAs)
+  bool clustered = false;  // split-K partitions merged in the attention kernel, in clusters
+  bool zeroed = false;     // rows owned by no sequence written by the attention kernel (spare CTAs)
   if (grid_x > 0 && !launched) {
     auto kernel = attention_kernel<T, D, BM, STAGES>;
-    // Attribute set per launch (cheap, idempotent, no synchronization).
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (BM <= kHeadsFastestRows && static_cast<int64_t>(grid_x) * a.Hkv > INT32_MAX)
       return invalid(target, "too many query tiles x kv heads for one launch");
     const dim3 g = BM <= kHeadsFastestRows ? dim3(grid_x * a.Hkv, 1, grid.z) : grid;
     // 8-row (decode) tiles split in two: each tile's partitions form a cluster and merge in the kernel.
-    bool clustered = false;
-    if constexpr (Cfg::kTransposed) {
-      auto kc = attention_kernel<T, D, BM, STAGES, true>;
-      cudaFuncSetAttribute(kc, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-      if (cluster_merge_ok(kc, a.num_partitions, Cfg::kSmemBytes)) {
-        if (cudaError_t e = launch_clusters_z(kc, g, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, a.num_partitions, a);
-            e != cudaSuccess)
-          return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
-        clustered = merged = true;
-      }
+    if constexpr (Cfg::kTransposed)
+      clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true>, a.num_partitions, g,
+                                       Cfg::kSmemBytes, stream, a);
+    if (!clustered) {
+      // Attribute set per launch (cheap, idempotent, no synchronization).
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+      kernel<<<g, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     }
-    if (!clustered) kernel<<<g, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     if (Error e = check_launch(target); e.failure()) return e;
-    zeroed = a.q_mode != kQPadded && merged;
+    zeroed = a.q_mode != kQPadded && (a.num_partitions <= 1 || clustered);
   }
   if (a.total_rows > 0 && !zeroed) {
-    if (!merged)
+    if (a.num_partitions > 1 && !clustered)
       split_k_combine_kernel<T, D><<<dim3(a.total_rows, a.H), D, 0, stream>>>(a);
     else
       zero_unowned_rows_kernel<T><<<a.total_rows, 128, 0, stream>>>(a, a.H * D);

@@ -730,22 +730,17 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": prefill kernel launch failed: " + cudaGetErrorString(e));
   } else if (m.T > 0 && m.topk > 0) {
-    auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
     const int row_blocks = (m.group + 15) / 16;
-    dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
+    const dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
     // Groups of at most 8 heads split in two: each token's partitions form a cluster and merge in the kernel.
-    if (m.group <= 8) {
-      auto kc = msa_attention_kernel<KV, true, true>;
-      cudaFuncSetAttribute(kc, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
-      if (cluster_merge_ok(kc, m.num_partitions, S::kBytesTotal)) {
-        if (cudaError_t e = launch_clusters_z(kc, grid, dim3(kThreads), S::kBytesTotal, stream, m.num_partitions, m);
-            e != cudaSuccess)
-          return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
-        clustered = true;
-      }
+    if (m.group <= 8)
+      clustered = launch_cluster_merge(msa_attention_kernel<KV, true, true>, m.num_partitions, grid, S::kBytesTotal,
+                                       stream, m);
+    if (!clustered) {
+      auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
+      kernel<<<grid, kThreads, S::kBytesTotal, stream>>>(m);
     }
-    if (!clustered) kernel<<<grid, kThreads, S::kBytesTotal, stream>>>(m);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
   }
