@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import gpu_mha  # noqa: E402
 from gpu_mha import decode_case, rel_err  # noqa: E402
 from harness import bench_in_graph  # noqa: E402
 
@@ -26,7 +27,11 @@ POINTS = [(64, 4096, (128,)), (16, 16384, (128, 16)), (4, 65536, (128,)), (1, 13
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-partitions", type=int, default=0, help="split-K partitions (0: the ladder's choice)")
-    npart = ap.parse_args().num_partitions
+    ap.add_argument("--identity-pages", action="store_true",
+                    help="page j of sequence b is pool page b * MP + j (a diagnostic of the page-scatter cost)")
+    args = ap.parse_args()
+    npart = args.num_partitions
+    gpu_mha.IDENTITY_PAGES = args.identity_pages
     rng = np.random.default_rng(0)
     out = []
     for b, n, pages in POINTS:
@@ -52,7 +57,8 @@ def main():
             g = byts / bench_in_graph(ours, (qr, kv, lut)) / 1e9
             out.append(f"{b}/{n // 1024}k/p{page}: {g:.0f} {g / cud:.3f}x (cuDNN {cud:.0f}, err {err:.0e})")
             del q, k, v, kv, lut
-    print(f"DECODE np={npart or 'ladder'} " + " | ".join(out), flush=True)
+    pages = " identity-pages" if args.identity_pages else ""
+    print(f"DECODE np={npart or 'ladder'}{pages} " + " | ".join(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ and 64):
   AB_DIR="ab1 ab2" AB_CMD="python3 scripts/probe_msa_decode_ab.py" bash scripts/gpu_ab.sh
 """
 
+import argparse
 import os
 import sys
 
@@ -15,6 +16,9 @@ from harness import bench_in_graph  # noqa: E402
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-partitions", type=int, default=0, help="split-K partitions (0: the ladder's choice)")
+    npart = ap.parse_args().num_partitions
     rng = np.random.default_rng(0)
     out = []
     for cache in (32768, 131072):
@@ -22,12 +26,12 @@ def main():
         cud = cudnn_dense_gbs(q16, cache)
         for topk in (16, 64):  # the newest block and topk - 1 random earlier ones per (sequence, kv head)
             ids = decode_ids(rng, cache // 128, topk)
-            t16 = bench_in_graph(msa_call(offs, cl, lut, 0), (q16, kv16, ids))
-            t8 = bench_in_graph(msa_call(offs, cl, lut, 0), (q8, kv8, ids))
+            t16 = bench_in_graph(msa_call(offs, cl, lut, npart), (q16, kv16, ids))
+            t8 = bench_in_graph(msa_call(offs, cl, lut, npart), (q8, kv8, ids))
             g16 = 2 * B * HKV * topk * 128 * D * 2 / t16 / 1e9
             out.append(f"{cache // 1024}k/k{topk}: bf16 {t16 * 1e6:.1f}us {g16 / cud:.3f}x cuDNN({cud:.0f}) "
                        f"fp8 {t8 * 1e6:.1f}us {t16 / t8:.2f}x")
-    print("MSA " + " | ".join(out), flush=True)
+    print(f"MSA np={npart or 'ladder'} " + " | ".join(out), flush=True)
 
 
 if __name__ == "__main__":
