@@ -109,6 +109,9 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {  // 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// One line of global memory into L2, without waiting: its address translation is resolved before later copies
+// from the same page need it (the MSA decode loader, for blocks spread over a large pool).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
