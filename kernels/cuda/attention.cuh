@@ -342,8 +342,6 @@ __device__ __forceinline__ void store_row(const AttentionArgs& a, int64_t qrow, 
   }
 }
 
-// Merge weights of one row's partial states from the key-split warps of a CTA: ml is [W][rows][2] (m, l per warp
-// and row). Returns the merged m and l, and f[w] = 2^(m_w - m) (0 for a warp that saw no key of the row).
 // Transposed tiles: each of a thread's two row sums added over the 8 lane groups (lanes of equal lane % 4).
 __device__ __forceinline__ void sum_over_lane_groups(float* l) {
 #pragma unroll
@@ -352,6 +350,68 @@ __device__ __forceinline__ void sum_over_lane_groups(float* l) {
     for (int d = 4; d < 32; d <<= 1) l[i] += __shfl_xor_sync(0xffffffff, l[i], d);
 }
 
+// One step of the online softmax once m_new holds the maxima of the thread's two rows over its own keys: the
+// maxima over the lanes that share the rows, the correction of l_run and of the accumulator o (NJ MMA tiles), and
+// m_run moved on. 16-row tiles: the rows are g and g + 8, shared by the 4 lanes of a quad; elements 0, 1 of an
+// accumulator tile belong to row g. Transposed tiles (kT): the rows are 2t and 2t + 1, shared by the 8 lane
+// groups; elements 0, 2 belong to row 2t. kFastExp: ex2.approx.ftz (dense kernel) or exp2f (MSA kernel).
+template <int NJ, bool kT, bool kFastExp>
+__device__ __forceinline__ void rescale_rows(float (&m_new)[2], float (&m_run)[2], float (&l_run)[2],
+                                             float (&o)[NJ][4]) {
+  float corr[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int d = kT ? 4 : 1; d < (kT ? 32 : 4); d <<= 1)
+      m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], d));
+    const float x = m_run[i] - m_new[i];
+    corr[i] = m_new[i] == -INFINITY ? 1.f : (kFastExp ? fast_exp2(x) : exp2f(x));
+    m_run[i] = m_new[i];
+    l_run[i] *= corr[i];
+  }
+  // The accumulator is rescaled only when some row of the warp raised its running max (rare after the first
+  // tiles): a warp-uniform branch saves the multiplies otherwise.
+  if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[j][e] *= corr[kT ? e % 2 : e / 2];
+  }
+}
+
+// Transposed tiles, after the key loop: each warp's unnormalized O^T and (m, l) of the tile's 8 rows into shared
+// memory, mo [warps][8][MS] and ml [warps][8][2]; dim_of(j, e) is the output column of element e of O^T tile j,
+// which belongs to row 2t + e % 2.
+template <int NJ, int MS, typename DimOf>
+__device__ __forceinline__ void stash_rows_t(float* mo, float* ml, int warp, int lane, const float (&o)[NJ][4],
+                                             const float (&m_run)[2], const float (&l_run)[2], DimOf dim_of) {
+  const int t2 = (lane % 4) * 2;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mo[(warp * 8 + t2 + e % 2) * MS + dim_of(j, e)] = o[j][e];
+  if (lane < 4) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      ml[(warp * 8 + t2 + i) * 2 + 0] = m_run[i];
+      ml[(warp * 8 + t2 + i) * 2 + 1] = l_run[i];
+    }
+  }
+}
+
+// Row r's N columns from d0 of the W warps' states in mo (stash_rows_t), weighted by f (merge_weights).
+template <int W, int N, int MS>
+__device__ __forceinline__ void sum_warp_rows(const float* mo, int r, int d0, const float* f, float (&acc)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    acc[j] = 0.f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) acc[j] += f[w] * mo[(w * 8 + r) * MS + d0 + j];
+  }
+}
+
+// Merge weights of one row's partial states from the key-split warps of a CTA: ml is [W][rows][2] (m, l per warp
+// and row). Returns the merged m and l, and f[w] = 2^(m_w - m) (0 for a warp that saw no key of the row).
 template <int W>
 __device__ __forceinline__ void merge_weights(const float* ml, int rows, int r, float* mt, float* lt, float* f) {
   float m = -INFINITY;
@@ -757,12 +817,30 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     cp_async_wait<STAGES - 1>();
     __syncthreads();
   };
-  // Whether every key of a key tile exists: its per-row counts in `valid` add up to BN.
-  auto all_present = [&](const int* valid) {
-    int present = 0;
+  // Key tile `it` once it has landed: its K and V in the ring, the per-row validity flags (and per-thread counts
+  // after BN of them), its first key, whether every key exists (the counts add up to BN), and whether it needs no
+  // mask at all: every key exists and lies in [full_lo, full_hi), the keys every row of the tile sees.
+  struct TileView {
+    const T* sK;
+    const T* sV;
+    const int* valid;
+    int key0;
+    bool present, full;
+  };
+  auto next_tile = [&](int it, int full_lo, int full_hi, float sl2) {
+    await_tile(it);
+    const int stage = it % STAGES;
+    TileView v;
+    v.sK = sKV + stage * 2 * Cfg::kKvTileElems;
+    v.sV = v.sK + Cfg::kKvTileElems;
+    v.valid = sValid + stage * (BN + RSTEP);
+    v.key0 = (tile_first + it) * BN;
+    int count = 0;
 #pragma unroll
-    for (int j = 0; j < RSTEP; ++j) present += valid[BN + j];
-    return present == BN;
+    for (int j = 0; j < RSTEP; ++j) count += v.valid[BN + j];
+    v.present = count == BN;
+    v.full = sl2 > 0.f && v.present && v.key0 >= full_lo && v.key0 + BN <= full_hi;
+    return v;
   };
 
   if constexpr (Cfg::kTransposed) {
@@ -804,15 +882,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     const float sl2 = a.scale_log2;
 
     for (int it = 0; it < num_tiles; ++it) {
-      const int tile = tile_first + it;
-      const int stage = it % STAGES;
-      await_tile(it);
-      const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
-      const T* sV = sK + Cfg::kKvTileElems;
-      const int* valid = sValid + stage * (BN + RSTEP);
-      const int tile_key0 = tile * BN;
-      const bool present = all_present(valid);
-      const bool full = sl2 > 0.f && present && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+      const auto [sK, sV, valid, tile_key0, present, full] = next_tile(it, full_lo, full_hi, sl2);
 
       // S^T = K Q^T: K (keys x dims, row-major in smem) is the A operand as it lies.
       float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -839,24 +909,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
           m_new[i] = fmaxf(m_new[i], s[e]);
         }
       }
-      float corr[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int d = 4; d < 32; d <<= 1) m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], d));
-        corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[i] - m_new[i]);
-        m_run[i] = m_new[i];
-        l_run[i] *= corr[i];
-      }
-      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < KD; ++j) {
-          o[j][0] *= corr[0];
-          o[j][1] *= corr[1];
-          o[j][2] *= corr[0];
-          o[j][3] *= corr[1];
-        }
-      }
+      rescale_rows<KD, true, true>(m_new, m_run, l_run, o);
       const float neg_m[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
       float p[4];
 #pragma unroll
@@ -886,17 +939,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     constexpr int MS = Cfg::kMergeStride;
     float* mo = reinterpret_cast<float*>(smem_raw + Cfg::kSmemQ);  // [warps][8][MS]
     float* ml = mo + Cfg::kWarps * 8 * MS;                         // [warps][8][2] (m, l)
-#pragma unroll
-    for (int j = 0; j < KD; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mo[(warp * 8 + t2 + e % 2) * MS + j * 16 + lane / 4 + (e / 2) * 8] = o[j][e];
-    if (lane < 4) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        ml[(warp * 8 + t2 + i) * 2 + 0] = m_run[i];
-        ml[(warp * 8 + t2 + i) * 2 + 1] = l_run[i];
-      }
-    }
+    stash_rows_t<KD, MS>(mo, ml, warp, lane, o, m_run, l_run,
+                         [&](int j, int e) { return j * 16 + lane / 4 + (e / 2) * 8; });
     __syncthreads();
     constexpr int DPT = D / 16;  // dims per thread
     const int r = tid / 16, d0 = (tid % 16) * DPT;
@@ -906,12 +950,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     float mt, lt, f[Cfg::kWarps];
     merge_weights<Cfg::kWarps>(ml, 8, r, &mt, &lt, f);
     float acc[DPT];
-#pragma unroll
-    for (int j = 0; j < DPT; ++j) {
-      acc[j] = 0.f;
-#pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) acc[j] += f[w] * mo[(w * 8 + r) * MS + d0 + j];
-    }
+    sum_warp_rows<Cfg::kWarps, DPT, MS>(mo, r, d0, f, acc);
     const int64_t qrow = st.q_base + pr / group;
     const int h = hkv * group + pr % group;
     const bool any = lt > 0.f;
@@ -987,21 +1026,12 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
         }
       }
     }
-    // Keys every row of the tile sees: a tile inside [full_lo, full_hi) whose keys all exist needs no mask.
     const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
     const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
     const float sl2 = a.scale_log2;
 
     for (int it = 0; it < num_tiles; ++it) {
-      const int tile = tile_first + it;
-      const int stage = it % STAGES;
-      await_tile(it);
-      const T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
-      const T* sV = sK + Cfg::kKvTileElems;
-      const int* valid = sValid + stage * (BN + RSTEP);
-      const int tile_key0 = tile * BN;
-      const bool present = all_present(valid);
-      const bool full = sl2 > 0.f && present && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+      const auto [sK, sV, valid, tile_key0, present, full] = next_tile(it, full_lo, full_hi, sl2);
       constexpr int kChunks = Cfg::kWarpKeys / Cfg::kChunkKeys;
 #pragma unroll 1
       for (int kc = 0; kc < kChunks; ++kc) {
@@ -1062,26 +1092,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
             }
           }
         }
-        float corr[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
-          m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-          corr[i] = m_new[i] == -INFINITY ? 1.f : fast_exp2(m_run[mb][i] - m_new[i]);
-          m_run[mb][i] = m_new[i];
-          l_run[mb][i] *= corr[i];
-        }
-        // Rescale the accumulator only when some row of the warp raised its running max (rare after the first
-        // tiles): a warp-uniform branch saves D/2 multiplies per thread per tile.
-        if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-          for (int j = 0; j < ND; ++j) {
-            o[mb][j][0] *= corr[0];
-            o[mb][j][1] *= corr[0];
-            o[mb][j][2] *= corr[1];
-            o[mb][j][3] *= corr[1];
-          }
-        }
+        rescale_rows<ND, false, true>(m_new, m_run[mb], l_run[mb], o[mb]);
         const float neg_m[2] = {m_run[mb][0] == -INFINITY ? 0.f : -m_run[mb][0],
                                 m_run[mb][1] == -INFINITY ? 0.f : -m_run[mb][1]};
 #pragma unroll

@@ -312,14 +312,17 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncthreads();
+    return ring + (it % kStages) * S::kStageBytes;  // the tile's K; its V follows kBN rows later
   };
+  const int key_w0 = warp * kWarpKeys;
+  const float sl2 = a.scale_log2;
+  const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
 
   if constexpr (kT) {
     // At most 8 heads (group <= 8): S^T = K Q^T and O^T = V^T P^T put the warp's keys on the MMA's M side and the
     // heads on its N side (attention_kernel's 8-row tiles), so the 8 empty rows of a 16-row tile cost nothing.
     // Thread (g, t) = (lane / 4, lane % 4) holds S^T at keys g, g + 8 of each 16-key block and heads 2t, 2t + 1.
     constexpr int NK = kWarpKeys / 16;  // 16-key blocks per warp and tile
-    const int t2 = (lane % 4) * 2;
     uint32_t qb[KS][2];  // Q^T, the B operand: heads 0-7 x the k step's two chunks
 #pragma unroll
     for (int kk = 0; kk < KS; kk += 2) {
@@ -338,13 +341,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    const int key_w0 = warp * kWarpKeys;
-    const float sl2 = a.scale_log2;
-    const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
 
     for (int it = 0; it < num_tiles; ++it) {
-      await_tile(it);
-      const unsigned char* sK = ring + (it % kStages) * S::kStageBytes;
+      const unsigned char* sK = await_tile(it);
       const unsigned char* sV = sK + kBN * kRowBytes;
       const int key0 = sTiles[it];
 
@@ -371,24 +370,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
           m_new[e % 2] = fmaxf(m_new[e % 2], s[kb][e]);
         }
       }
-      float corr[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int d = 4; d < 32; d <<= 1) m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], d));
-        corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
-        m_run[i] = m_new[i];
-        l_run[i] *= corr[i];
-      }
-      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          o[j][0] *= corr[0];
-          o[j][1] *= corr[1];
-          o[j][2] *= corr[0];
-          o[j][3] *= corr[1];
-        }
-      }
+      rescale_rows<8, true, false>(m_new, m_run, l_run, o);
       const float nm[2] = {m_run[0] == -INFINITY ? 0.f : -m_run[0], m_run[1] == -INFINITY ? 0.f : -m_run[1]};
 #pragma unroll
       for (int kb = 0; kb < NK; ++kb) {
@@ -435,17 +417,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     constexpr int MS = kD + 4;  // padded rows: conflict-free stores
     float* mo = reinterpret_cast<float*>(ring);  // [warps][8][MS]
     float* ml = mo + kWarps * 8 * MS;           // [warps][8][2] (m, l)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mo[(warp * 8 + t2 + e % 2) * MS + dim_of(j, e)] = o[j][e];
-    if (lane < 4) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        ml[(warp * 8 + t2 + i) * 2 + 0] = m_run[i];
-        ml[(warp * 8 + t2 + i) * 2 + 1] = l_run[i];
-      }
-    }
+    stash_rows_t<8, MS>(mo, ml, warp, lane, o, m_run, l_run, dim_of);
     __syncthreads();
     const int r = tid / 16, d0 = (tid % 16) * 8;
     const bool live = r < rows;
@@ -453,12 +425,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     float mt, lt, f[kWarps];
     merge_weights<kWarps>(ml, 8, r, &mt, &lt, f);
     float acc[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      acc[j] = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) acc[j] += f[w] * mo[(w * 8 + r) * MS + d0 + j];
-    }
+    sum_warp_rows<kWarps, 8, MS>(mo, r, d0, f, acc);
     const int64_t h = static_cast<int64_t>(hkv) * a.group + r;
     const bool any = lt > 0.f;
     const float inv = any ? 1.f / lt : 0.f;
@@ -496,13 +463,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 #pragma unroll
     for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    const int key_w0 = warp * kWarpKeys;
-    const float sl2 = a.scale_log2;
-    const int p32 = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
 
     for (int it = 0; it < num_tiles; ++it) {
-      await_tile(it);
-      const unsigned char* sK = ring + (it % kStages) * S::kStageBytes;
+      const unsigned char* sK = await_tile(it);
       const unsigned char* sV = sK + kBN * kRowBytes;
       const int key0 = sTiles[it];
 
@@ -531,24 +494,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
           m_new[e / 2] = fmaxf(m_new[e / 2], s[j][e]);
         }
       }
-      float corr[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 1));
-        m_new[i] = fmaxf(m_new[i], __shfl_xor_sync(0xffffffff, m_new[i], 2));
-        corr[i] = m_new[i] == -INFINITY ? 1.f : exp2f(m_run[i] - m_new[i]);
-        m_run[i] = m_new[i];
-        l_run[i] *= corr[i];
-      }
-      if (__any_sync(0xffffffff, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < ND; ++j) {
-          o[j][0] *= corr[0];
-          o[j][1] *= corr[0];
-          o[j][2] *= corr[1];
-          o[j][3] *= corr[1];
-        }
-      }
+      rescale_rows<ND, false, false>(m_new, m_run, l_run, o);
       // P as the A operand of P.V: k-step ks covers score tiles 2ks and 2ks+1 (16 keys).
       uint32_t pf[NT / 2][4];
 #pragma unroll
