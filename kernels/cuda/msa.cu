@@ -198,10 +198,11 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   const int64_t row_stride = static_cast<int64_t>(a.Hkv) * kRowBytes;  // bytes
   const int64_t kv_half = static_cast<int64_t>(a.num_layers) * kBlock * row_stride;
   const int64_t head_off = static_cast<int64_t>(layer) * kBlock * row_stride + static_cast<int64_t>(hkv) * kRowBytes;
-  // The selected blocks lie anywhere in the pool. One line of each is prefetched into L2 ahead of its copies, so
-  // that its address translation is done before they are issued: the first tiles' as the slots are compacted
-  // (while Q loads), the others kPrefetchTiles tiles ahead of the tile being loaded (await_tile). On an H200, at
-  // topk 64, bf16 took 3 us less (142 -> 139); fp8 measured the same (NOTES_msa.md).
+  // The selected blocks lie anywhere in the pool. One line of each block's K is prefetched into L2 ahead of its
+  // copies, so that the translation of its address is done before they are issued: for the first tiles while
+  // warp 0 compacts the slots (before Q loads), for the others kPrefetchTiles tiles ahead of the tile being
+  // loaded (await_tile). On H200s at topk 64 this took bf16 from 142 to 137-140 us on some machines and changed
+  // nothing on others; fp8 measured the same (NOTES_msa.md v7).
   constexpr int kPrefetchTiles = 8;
 
   // ---- compact this partition's slots into tiles: valid id, first occurrence, key range before p.
@@ -303,7 +304,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     if (s < num_tiles) load_tile(s, s);
     cp_async_commit();
   }
-  // Both paths below start tile `it` alike: issue the load kStages-1 tiles ahead, then wait for tile `it`.
+  // Both paths below start tile `it` alike: issue the load kStages-1 tiles ahead (and the prefetch of the tile
+  // kPrefetchTiles past that), then wait for tile `it`; returns where its K lies in the ring.
   auto await_tile = [&](int it) {
     const int nxt = it + kStages - 1;
     if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
