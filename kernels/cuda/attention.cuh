@@ -322,7 +322,7 @@ __device__ __forceinline__ void store_row(const AttentionArgs& a, int64_t qrow, 
     T* out = static_cast<T*>(a.out);
     const T* sink = static_cast<const T*>(a.sink);
     float den = l;
-    if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
+    if (sink != nullptr && any) den += exp2f(sink_log2(M::to_float(sink[h])) - m);
     const float inv = any ? 1.f / den : 0.f;
 #pragma unroll
     for (int j = 0; j < ND; ++j) {
@@ -430,11 +430,6 @@ __device__ __forceinline__ void merge_weights(const float* ml, int rows, int r, 
 
 // ------------------------------------------------------------------------------------------------ kernel
 
-// Rows owned by no sequence (ragged queries: [0, lo) and [hi, T), lo = offsets[0] and hi = the end of the
-// repaired offsets, both clamped) output 0. Unsplit, the attention kernel's spare CTAs (x tiles past the last
-// tile) write them, so no second launch is needed: the grid has B + ceil(T * group / BLOCK_M) x tiles and the
-// sequences use fewer than owned * group / BLOCK_M + B, so at least one x tile is spare whenever a row is
-// unowned. Spare x tile `spare` of `n_spare` zeroes the kv head's group of heads of every n_spare-th unowned row.
 // ---- split-K partitions merged inside a thread-block cluster (sm_90+)
 // When the partitions of one (query tile, kv head) are launched as one cluster along z (cluster rank = partition,
 // 2..8 of them), they merge through distributed shared memory at the end of the kernel instead of through the
@@ -599,6 +594,11 @@ bool launch_cluster_merge(void (*kernel)(KArgs...), int np, dim3 grid, size_t sm
   return true;
 }
 
+// Rows owned by no sequence (ragged queries: [0, lo) and [hi, T), lo = offsets[0] and hi = the end of the
+// repaired offsets, both clamped) output 0. Unsplit, the attention kernel's spare CTAs (x tiles past the last
+// tile) write them, so no second launch is needed: the grid has B + ceil(T * group / BLOCK_M) x tiles and the
+// sequences use fewer than owned * group / BLOCK_M + B, so at least one x tile is spare whenever a row is
+// unowned. Spare x tile `spare` of `n_spare` zeroes the kv head's group of heads of every n_spare-th unowned row.
 template <typename T, int D>
 __device__ __forceinline__ void zero_unowned_ragged(const AttentionArgs& a, int spare, int n_spare, int hkv,
                                                      int64_t hi) {
@@ -971,13 +971,13 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
       static_assert((Cfg::kWarps * 8 * MS + Cfg::kWarps * 16 + kClusterXchgFloats(DPT)) * 4 <= Cfg::kSmemKv,
                     "merge scratch within the K/V ring");
       if (!live) mt = -INFINITY, lt = 0.f;
-      const float sink_log2 = live && sink != nullptr ? M::to_float(sink[h]) * 1.4426950408889634f : -INFINITY;
+      const float sink_l2 = live && sink != nullptr ? sink_log2(M::to_float(sink[h])) : -INFINITY;
       float res[DPT];
-      if (cluster_merge<DPT>(ml + Cfg::kWarps * 16, r, tid % 16, mt, lt, acc, sink_log2, res) && live)
+      if (cluster_merge<DPT>(ml + Cfg::kWarps * 16, r, tid % 16, mt, lt, acc, sink_l2, res) && live)
         store_out(res, 1.f);
     } else if (a.num_partitions <= 1) {
       float den = lt;
-      if (sink != nullptr && any) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - mt);
+      if (sink != nullptr && any) den += exp2f(sink_log2(M::to_float(sink[h])) - mt);
       store_out(acc, any ? 1.f / den : 0.f);
     } else {
       const float inv = any ? 1.f / lt : 0.f;
@@ -1286,7 +1286,7 @@ __global__ void __launch_bounds__(D) split_k_combine_kernel(const AttentionArgs 
     for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffff, den, off);
     if (d == 0) {
       const T* sink = static_cast<const T*>(a.sink);
-      if (sink != nullptr && m != -INFINITY) den += exp2f(M::to_float(sink[h]) * 1.4426950408889634f - m);
+      if (sink != nullptr && m != -INFINITY) den += exp2f(sink_log2(M::to_float(sink[h])) - m);
       scale_s[0] = m;
       scale_s[1] = den > 0.f ? 1.f / den : 0.f;
     }

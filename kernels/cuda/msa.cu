@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   auto await_tile = [&](int it) {
     const int nxt = it + kStages - 1;
     if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
-    if (kPrefetchTiles > 0 && tid == 0 && nxt + kPrefetchTiles < num_tiles)
+    if (tid == 0 && nxt + kPrefetchTiles < num_tiles)
       prefetch_l2(kvb + static_cast<int64_t>(sPages[nxt + kPrefetchTiles]) * 2 * kv_half + head_off);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
