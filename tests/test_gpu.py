@@ -33,6 +33,17 @@ def nan_past_keys(cache, cache_lens, ns, page, layer=1):
     return kv_blocks
 
 
+def run_on_poisoned_output(f, args, shape, lead, tail):
+    """f(*args) once to compile it (its temporaries freed), then again after an array of the output's size filled
+    with NaN was freed, so rows that nobody writes show up; the first `lead` and last `tail` rows must be 0."""
+    jax.block_until_ready(f(*args))
+    poison = jnp.full(shape, jnp.nan, jnp.bfloat16).block_until_ready()
+    del poison
+    got = np.asarray(f(*args), np.float32)
+    assert np.all(got[:lead] == 0) and np.all(got[shape[0] - tail:] == 0)
+    return got
+
+
 def test_cuda_library_loaded():
     assert _native.available("cuda"), _native.missing_reason("cuda")
     targets = set(_native.registered_targets("cuda"))
@@ -242,11 +253,7 @@ def test_cuda_mha_unowned_rows_are_zero(group, n_tok, hint, np_):
     args = (q, offs, pc.kv_blocks, np.asarray(cache, np.int32), pc.lut, 1)
     f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=np_,
                                                     max_prompt_length=hint, implementation="native"))
-    jax.block_until_ready(f(*args))  # compiled; its temporaries freed
-    poison = jnp.full((T, h, d), jnp.nan, jnp.bfloat16).block_until_ready()
-    del poison
-    got = np.asarray(f(*args), np.float32)
-    assert np.all(got[:lead] == 0) and np.all(got[T - tail:] == 0)
+    got = run_on_poisoned_output(f, args, (T, h, d), lead, tail)
     assert_close(got, oracle.mha_ragged_paged(*args, mask_str="causal"), budget_for(jnp.bfloat16))
 
 
@@ -276,11 +283,7 @@ def test_cuda_split_k_cluster_merge_and_combine(merge, monkeypatch):
         assert plan.tile_m == 8 and plan.num_partitions == np_
         f = jax.jit(lambda *a, np_=np_: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=np_,
                                                                  max_prompt_length=1, implementation="native", **kw))
-        jax.block_until_ready(f(*args))
-        poison = jnp.full((T, h, d), jnp.nan, jnp.bfloat16).block_until_ready()
-        del poison
-        got = np.asarray(f(*args), np.float32)
-        assert np.all(got[:lead] == 0) and np.all(got[T - tail:] == 0), np_
+        got = run_on_poisoned_output(f, args, (T, h, d), lead, tail)
         assert_close(got, want, budget_for(jnp.bfloat16))
     for dtype in (jnp.bfloat16, jnp.float8_e4m3fn):
         batch, mc, mq, ids = _msa_case(np.random.default_rng(32), "decode", 4, 16, dtype)
