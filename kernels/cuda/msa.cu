@@ -140,8 +140,24 @@ struct MsaSmem {
   static constexpr int kListBytes = 5 * kMaxTopk * 4 + 64;  // key0[2*topk], page[2*topk], ids[topk], count
   static constexpr int kMergeBytes = kWarps * (16 * kD + 32) * 4;
   static constexpr int kMain = kStages * kStageBytes;
-  static constexpr int kBytesTotal = kQBytes + kListBytes + (kMain > kMergeBytes ? kMain : kMergeBytes);
+  // fp8: the ring starts on a 1024-byte boundary of a 1024-aligned base (the 128-byte swizzle atoms that the
+  // sm_90a warpgroup MMA reads K and Q as), hence the padding and the extra 1024 bytes for aligning the base.
+  static constexpr int kAlign = sizeof(KV) == 1 ? 1024 : 1;
+  static constexpr int kRingOff = (kQBytes + kListBytes + kAlign - 1) / kAlign * kAlign;
+  static constexpr int kBytesTotal =
+      kRingOff + (kMain > kMergeBytes ? kMain : kMergeBytes) + (kAlign > 1 ? kAlign : 0);
 };
+
+#if defined(MSA_OPS_SM90_WGMMA)
+// d[4] (+)= A(64x32 e4m3, shared memory, K-major) * B(8x32 e4m3, shared memory, K-major)^T.
+__device__ __forceinline__ void wgmma_ss_n8_e4m3(float* d, uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+#endif
 
 // kT: the transposed form for groups of at most 8 heads (one row block).
 // kCluster (with kT only): the launch groups each token's split-K partitions into one cluster along z, and they
@@ -159,13 +175,22 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   constexpr int NT = kWarpKeys / 8;           // score tiles of 8 keys per warp
   static_assert(kWarpKeys % 16 == 0, "whole P.V k-steps per warp and tile");
   constexpr int ND = kD / 8;                  // output tiles
-  extern __shared__ __align__(128) unsigned char smem[];
+  // kWg: fp8 with at most 8 heads on sm_90a runs S^T = K Q^T on the warpgroup MMA (wgmma m64n8k32, e4m3 operands
+  // as loaded, no widening), the four warps being one warpgroup; each warp then holds keys 16 w + (0..15) of each
+  // 64-key half of the tile. Elsewhere the mma.sync form below.
+#if defined(MSA_OPS_SM90_WGMMA)
+  constexpr bool kWg = kT && std::is_same_v<KV, __nv_fp8_e4m3>;
+#else
+  constexpr bool kWg = false;
+#endif
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((S::kAlign - (smem_addr(smem_raw) & (S::kAlign - 1))) & (S::kAlign - 1));
   unsigned char* sQ = smem;
   int* sTiles = reinterpret_cast<int*>(smem + S::kQBytes);  // key0 of each tile
   int* sPages = sTiles + 2 * kMaxTopk;                        // its page
   int* sIds = sTiles + 4 * kMaxTopk;                          // the token's slots
   int* sCount = sIds + kMaxTopk;
-  unsigned char* ring = smem + S::kQBytes + S::kListBytes;
+  unsigned char* ring = smem + S::kRingOff;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int row_blocks = (a.group + 15) / 16;
@@ -264,6 +289,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     }
     *reinterpret_cast<uint4*>(sQ + swz<kRowBytes>(r, ch)) = val;
   }
+#if defined(MSA_OPS_SM90_WGMMA)
+  if constexpr (kWg) fence_proxy_async();  // Q's stores, before the warpgroup MMA reads them
+#endif
   __syncthreads();
   const int num_tiles = *sCount;
 
@@ -313,6 +341,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       prefetch_l2(kvb + static_cast<int64_t>(sPages[nxt + kPrefetchTiles]) * 2 * kv_half + head_off);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
+#if defined(MSA_OPS_SM90_WGMMA)
+    if constexpr (kWg) fence_proxy_async();  // this thread's copies, before the warpgroup MMA reads the tile
+#endif
     __syncthreads();
     return ring + (it % kStages) * S::kStageBytes;  // the tile's K; its V follows kBN rows later
   };
@@ -325,9 +356,12 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     // heads on its N side (attention_kernel's 8-row tiles), so the 8 empty rows of a 16-row tile cost nothing.
     // Thread (g, t) = (lane / 4, lane % 4) holds S^T at keys g, g + 8 of each 16-key block and heads 2t, 2t + 1.
     constexpr int NK = kWarpKeys / 16;  // 16-key blocks per warp and tile
+    static_assert(!kWg || NK * 64 == kBN, "wgmma: one 64-key M block per 16-key block of each warp");
+    // The first key (within the tile) of the warp's 16-key block kb.
+    auto kofs = [&](int kb) { return kWg ? kb * 64 + warp * 16 : key_w0 + kb * 16; };
     uint32_t qb[KS][2];  // Q^T, the B operand: heads 0-7 x the k step's two chunks
 #pragma unroll
-    for (int kk = 0; kk < KS; kk += 2) {
+    for (int kk = 0; kk < KS && !kWg; kk += 2) {
       uint32_t r[4];
       ldmatrix_x4(r, smem_addr(sQ + swz<kRowBytes>(lane % 8, kk * 2 + lane / 8)));
       qb[kk][0] = r[0];
@@ -351,14 +385,36 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 
       float s[NK][4];
 #pragma unroll
-      for (int kb = 0; kb < NK; ++kb) {
-        s[kb][0] = s[kb][1] = s[kb][2] = s[kb][3] = 0.f;
+      for (int kb = 0; kb < NK; ++kb) s[kb][0] = s[kb][1] = s[kb][2] = s[kb][3] = 0.f;
+      if constexpr (kWg) {
+#if defined(MSA_OPS_SM90_WGMMA)
+        // M block kb = keys 64 kb .. 64 kb + 63 of the tile (8 KB of K, whole swizzle atoms); k steps of 32 dims
+        // advance the start address by 32 bytes inside the 128-byte rows, as in attention_sm90.cuh.
+        wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-          uint32_t kf[4];  // K as the A operand: (keys 0-7, c), (8-15, c), (0-7, c + 1), (8-15, c + 1)
-          const FragAddr f = v_frag_addr(lane, key_w0 + kb * 16, kk * 2);
-          ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(f.key, f.ch)));
-          T::qk(s[kb], kf, qb[kk]);
+        for (int kb = 0; kb < NK; ++kb) {
+#pragma unroll
+          for (int kk = 0; kk < KS; ++kk) {
+            const uint64_t da = wgmma_desc(smem_addr(sK) + kb * 64 * kRowBytes + kk * 32, 16, 1024);
+            const uint64_t db = wgmma_desc(smem_addr(sQ) + kk * 32, 16, 1024);
+            wgmma_ss_n8_e4m3(s[kb], da, db, kk > 0 ? 1 : 0);
+          }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int kb = 0; kb < NK; ++kb) fence_regs<4>(s[kb]);
+#endif
+      } else {
+#pragma unroll
+        for (int kb = 0; kb < NK; ++kb) {
+#pragma unroll
+          for (int kk = 0; kk < KS; ++kk) {
+            uint32_t kf[4];  // K as the A operand: (keys 0-7, c), (8-15, c), (0-7, c + 1), (8-15, c + 1)
+            const FragAddr f = v_frag_addr(lane, key_w0 + kb * 16, kk * 2);
+            ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(f.key, f.ch)));
+            T::qk(s[kb], kf, qb[kk]);
+          }
         }
       }
       float m_new[2] = {m_run[0], m_run[1]};
@@ -366,7 +422,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       for (int kb = 0; kb < NK; ++kb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = key0 + key_w0 + kb * 16 + lane / 4 + (e / 2) * 8;
+          const int key = key0 + kofs(kb) + lane / 4 + (e / 2) * 8;
           const bool vis = key <= p32 && key < kmax;
           s[kb][e] = vis ? s[kb][e] * sl2 : -INFINITY;
           m_new[e % 2] = fmaxf(m_new[e % 2], s[kb][e]);
@@ -396,7 +452,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
           } else {
             // (keys 0-7, c), (8-15, c), (0-7, c + 1), (8-15, c + 1): each .trans register is two keys of one pair
             // of adjacent dims; widened, the even dim is an A row 0-7 of M tile c and the odd dim its row 8-15.
-            const FragAddr f = v_frag_addr(lane, key_w0 + kb * 16, c);
+            const FragAddr f = v_frag_addr(lane, kofs(kb), c);
             ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(f.key, f.ch)));
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
