@@ -108,6 +108,9 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {  // all 16 bytes exist
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {  // 4 bytes (through L1: .ca)
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // One line of global memory into L2, without waiting: its address translation is resolved before later copies
 // from the same page need it (the MSA decode loader, for blocks spread over a large pool).

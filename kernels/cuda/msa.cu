@@ -198,11 +198,27 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   const int g0 = (blockIdx.x % row_blocks) * 16;
   const int hkv = blockIdx.y, part = blockIdx.z;
 
+  // ---- first, by cp.async: Q rows (16 heads of the group, zero past the group) as stored (bf16 or e4m3),
+  // swizzled, and the token's slots. Both depend on the token and head only, so their latency overlaps the owner
+  // search and the reads that follow it instead of adding to the CTA's start.
+  const int rows = min(16, a.group - g0);
+  for (int cidx = tid; cidx < 16 * kChunksRow; cidx += kThreads) {
+    const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
+    const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
+    const unsigned char* src =
+        static_cast<const unsigned char*>(a.q) + (static_cast<int64_t>(t) * a.H + h) * kRowBytes + ch * 16;
+    cp_async16(smem_addr(sQ + swz<kRowBytes>(r, ch)), r < rows ? src : a.q, r < rows);
+  }
+  const int topk = min(a.topk, kMaxTopk);
+  const int32_t* ids = a.d_indices + (static_cast<int64_t>(hkv) * a.T + t) * a.topk;
+  for (int i = tid; i < topk; i += kThreads) cp_async4(smem_addr(sIds + i), ids + i);
+  cp_async_commit();
+
   int64_t e0 = 0, e1 = 0;
   const int b = owner_of(a, t, &e0, &e1);
   if (b < 0) {  // a padding row: zero here when the partitions merge here; split-K's combine zeroes it otherwise
+    cp_async_wait<0>();  // no copy outlives the CTA
     if (a.num_partitions <= 1 || (kCluster && part == 0)) {
-      const int rows = min(16, a.group - g0);
       __nv_bfloat16* dst = a.out + (static_cast<int64_t>(t) * a.H + static_cast<int64_t>(hkv) * a.group + g0) * kD;
       for (int i = tid; i < rows * kD / 8; i += kThreads) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
     }
@@ -216,7 +232,6 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   const int layer = *a.layer_ptr;
   const bool layer_ok = layer >= 0 && layer < a.num_layers;
   const int32_t* lut_row = a.lookup + static_cast<int64_t>(b) * a.max_pages;
-  const int32_t* ids = a.d_indices + (static_cast<int64_t>(hkv) * a.T + t) * a.topk;
 
   // Pages of the KV cache: K rows of head hkv at head_off in a page, V rows kv_half further.
   const unsigned char* kvb = static_cast<const unsigned char*>(a.kv);
@@ -225,16 +240,18 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   const int64_t head_off = static_cast<int64_t>(layer) * kBlock * row_stride + static_cast<int64_t>(hkv) * kRowBytes;
   // The selected blocks lie anywhere in the pool. One line of each block's K is prefetched into L2 ahead of its
   // copies, so that the translation of its address is done before they are issued: for the first tiles while
-  // warp 0 compacts the slots (before Q loads), for the others kPrefetchTiles tiles ahead of the tile being
+  // warp 0 compacts the slots, for the others kPrefetchTiles tiles ahead of the tile being
   // loaded (await_tile). On H200s at topk 64 this took bf16 from 142 to 137-140 us on some machines and changed
   // nothing on others; fp8 measured the same (NOTES_msa.md v7).
   constexpr int kPrefetchTiles = 8;
 
   // ---- compact this partition's slots into tiles: valid id, first occurrence, key range before p.
-  const int topk = min(a.topk, kMaxTopk);
   const int per = (topk + a.num_partitions - 1) / a.num_partitions;
   const int s_lo = min(topk, part * per), s_hi = min(topk, (part + 1) * per);
-  for (int i = tid; i < topk; i += kThreads) sIds[i] = ids[i];
+  cp_async_wait<0>();  // Q and the slots
+#if defined(MSA_OPS_SM90_WGMMA)
+  if constexpr (kWg) fence_proxy_async();  // Q's copies, before the warpgroup MMA reads them
+#endif
   __syncthreads();
   if (warp == 0) {
     int count = 0;
@@ -277,22 +294,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     if (lane == 0) *sCount = count;
   }
 
-  // ---- Q rows (16 heads of the group, zero past the group) as stored (bf16 or e4m3), swizzled.
-  const int rows = min(16, a.group - g0);
-  for (int cidx = tid; cidx < 16 * kChunksRow; cidx += kThreads) {
-    const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (r < rows) {
-      const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
-      val = *reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.q) +
-                                            (static_cast<int64_t>(t) * a.H + h) * kRowBytes + ch * 16);
-    }
-    *reinterpret_cast<uint4*>(sQ + swz<kRowBytes>(r, ch)) = val;
-  }
-#if defined(MSA_OPS_SM90_WGMMA)
-  if constexpr (kWg) fence_proxy_async();  // Q's stores, before the warpgroup MMA reads them
-#endif
-  __syncthreads();
+  __syncthreads();  // the tile list
   const int num_tiles = *sCount;
 
   // ---- tile loader: kBN consecutive key slots of one page, K and V, 16-byte chunks.
