@@ -653,7 +653,9 @@ constexpr int kHeadsFastestRows = 16;  // and lower
 
 // kCluster (8-row tiles only): the launch groups each tile's split-K partitions into one cluster along z, and
 // they merge here (cluster_merge) instead of in split_k_combine_kernel.
-template <typename T, int D, int BLOCK_M, int STAGES, bool kCluster = false>
+// kSmallPages (8-row tiles only): the launch guarantees paged K/V with pages smaller than a key tile, which load
+// through their own loader (below); the other calls' kernels do not carry its code.
+template <typename T, int D, int BLOCK_M, int STAGES, bool kCluster = false, bool kSmallPages = false>
 __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   using Cfg = AttentionConfig<T, D, BLOCK_M, STAGES>;
   using M = Mma<T>;
@@ -752,6 +754,34 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     T* sV = sK + Cfg::kKvTileElems;
     int* valid = sValid + stage * (BN + RSTEP);
     const int key0 = tile * BN + my_row;
+    if (kSmallPages && kShuffledPages && a.kv_mode == kKvPaged && a.page_size < BN) {
+      // Pages smaller than a tile: each row's page by shuffle as below, but one byte address per copy and a
+      // single copy sequence (no second, predicated form for the contiguous layout). On an H200 this took page 16
+      // decode from 0.935x to 0.957x cuDNN; in the shared kernel it cost page 128 2-3% (NOTES_mha v18), hence
+      // the separate instantiation.
+      const int warp_row0 = (tid / 32) * kRowsPerWarp;
+      const int my_page = pool_page(a, entry);
+      const uintptr_t base = reinterpret_cast<uintptr_t>(kvb);
+      int count = 0;
+#pragma unroll
+      for (int i = 0; i < NPASS; ++i) {
+        const int key = key0 + i * RSTEP;
+        const int pg = __shfl_sync(0xffffffff, my_page, (my_row - warp_row0) + i * kRowsPerWarp);
+        const int slot = a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
+        const bool ok = pg >= 0;
+        const uintptr_t src =
+            base + (ok ? static_cast<uintptr_t>((static_cast<int64_t>(pg) * page_stride + head_off +
+                                                 slot * row_stride) * static_cast<int64_t>(sizeof(T)))
+                       : 0);
+        const int off = SwizzledTile<D>::offset(my_row + i * RSTEP, my_ch);
+        cp_async16(smem_addr(sK + off), reinterpret_cast<const void*>(src), ok);
+        cp_async16(smem_addr(sV + off), reinterpret_cast<const void*>(src + kv_half * sizeof(T)), ok);
+        count += ok ? 1 : 0;
+        if (my_ch == 0) valid[my_row + i * RSTEP] = ok ? 1 : 0;
+      }
+      if (my_ch == 0) valid[BN + my_row] = count;
+      return;
+    }
     int64_t src[NPASS];
     bool ok[NPASS];
     if (a.kv_mode == kKvPaged) {

@@ -69,9 +69,14 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       return invalid(target, "too many query tiles x kv heads for one launch");
     const dim3 g = BM <= kHeadsFastestRows ? dim3(grid_x * a.Hkv, 1, grid.z) : grid;
     // 8-row (decode) tiles split in two: each tile's partitions form a cluster and merge in the kernel.
-    if constexpr (Cfg::kTransposed)
-      clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true>, a.num_partitions, g,
-                                       Cfg::kSmemBytes, stream, a);
+    if constexpr (Cfg::kTransposed) {
+      // Pages smaller than a key tile: the kernels with the small-page loader (attention_kernel's kSmallPages).
+      const bool small = a.kv_mode == kKvPaged && a.page_size < Cfg::kBlockN;
+      if (small) kernel = attention_kernel<T, D, BM, STAGES, false, true>;
+      clustered = launch_cluster_merge(small ? attention_kernel<T, D, BM, STAGES, true, true>
+                                             : attention_kernel<T, D, BM, STAGES, true>,
+                                       a.num_partitions, g, Cfg::kSmemBytes, stream, a);
+    }
     if (!clustered) {
       // Attribute set per launch (cheap, idempotent, no synchronization).
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
