@@ -263,12 +263,14 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
         id = sIds[slot];
         ok = id >= 0 && id < a.max_pages && static_cast<int64_t>(id) * kBlock < n_keys &&
              static_cast<int64_t>(id) * kBlock <= p;
-        for (int j = 0; ok && j < slot; ++j) ok = sIds[j] != id;  // a repeated id counts at its first slot
-        if (ok) {
-          page = lut_row[id];
-          ok = page >= 0 && page < a.num_blocks;
-        }
+        if (ok) page = lut_row[id];  // issued before the duplicate scan, which runs under its latency
       }
+      // A repeated id counts at its first slot: against the earlier chunks' slots one by one, within this chunk
+      // by the lanes holding the same id (slots past s_hi or invalid hold -1 and are never kept).
+      bool dup = false;
+      for (int j = 0; j < base; ++j) dup |= sIds[j] == id;
+      dup |= (__match_any_sync(0xffffffff, id) & ((1u << lane) - 1)) != 0;
+      ok = ok && !dup && page >= 0 && page < a.num_blocks;
       // Each valid block gives one tile, and with 64-key tiles a second one if it holds keys <= p and < kmax.
       const int key0 = id * kBlock;
       const bool second = kBN < kBlock && ok && key0 + kBN <= p && key0 + kBN < kmax;
