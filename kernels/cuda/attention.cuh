@@ -1236,11 +1236,13 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
 __device__ __forceinline__ int row_owner(const int32_t* offsets, int B, int T, int t, int64_t* eff_b,
                                          int64_t* eff_b1) {
   const int lane = threadIdx.x & 31;
+  // The first 32 ends are read with offsets[0], not after it: one memory latency instead of two.
+  int64_t v = lane < B ? static_cast<int64_t>(offsets[lane + 1]) : INT64_MIN;
   int64_t carry = imin(imax(0, offsets[0]), T);
   if (t < carry) return -1;
   for (int base = 0; base < B; base += 32) {
     const int b = base + lane;
-    int64_t v = b < B ? static_cast<int64_t>(offsets[b + 1]) : INT64_MIN;
+    if (base > 0) v = b < B ? static_cast<int64_t>(offsets[b + 1]) : INT64_MIN;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
       const int64_t u = __shfl_up_sync(0xffffffff, v, d);

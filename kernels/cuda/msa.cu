@@ -261,9 +261,11 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       int id = -1, page = -1;
       if (slot < s_hi && layer_ok) {
         id = sIds[slot];
+        // The page-table read needs only an id inside the table: issued before the checks against the cache
+        // length (whose read may still be in flight) and before the duplicate scan, which run under its latency.
+        if (id >= 0 && id < a.max_pages) page = lut_row[id];
         ok = id >= 0 && id < a.max_pages && static_cast<int64_t>(id) * kBlock < n_keys &&
              static_cast<int64_t>(id) * kBlock <= p;
-        if (ok) page = lut_row[id];  // issued before the duplicate scan, which runs under its latency
       }
       // A repeated id counts at its first slot: against the earlier chunks' slots one by one, within this chunk
       // by the lanes holding the same id (slots past s_hi or invalid hold -1 and are never kept).
@@ -336,19 +338,20 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     if (s < num_tiles) load_tile(s, s);
     cp_async_commit();
   }
-  // Both paths below start tile `it` alike: issue the load kStages-1 tiles ahead (and the prefetch of the tile
-  // kPrefetchTiles past that), then wait for tile `it`; returns where its K lies in the ring.
+  // Both paths below start tile `it` alike: wait for tile `it`, then issue the load kStages-1 tiles ahead (and
+  // the prefetch of the tile kPrefetchTiles past that) into the stage of tile it - 1, which every warp has left
+  // once past the barrier here: one barrier per tile. Returns where the tile's K lies in the ring.
   auto await_tile = [&](int it) {
+    cp_async_wait<kStages - 2>();
+#if defined(MSA_OPS_SM90_WGMMA)
+    if constexpr (kWg) fence_proxy_async();  // this thread's copies, before the warpgroup MMA reads the tile
+#endif
+    __syncthreads();
     const int nxt = it + kStages - 1;
     if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
     if (tid == 0 && nxt + kPrefetchTiles < num_tiles)
       prefetch_l2(kvb + static_cast<int64_t>(sPages[nxt + kPrefetchTiles]) * 2 * kv_half + head_off);
     cp_async_commit();
-    cp_async_wait<kStages - 1>();
-#if defined(MSA_OPS_SM90_WGMMA)
-    if constexpr (kWg) fence_proxy_async();  // this thread's copies, before the warpgroup MMA reads the tile
-#endif
-    __syncthreads();
     return ring + (it % kStages) * S::kStageBytes;  // the tile's K; its V follows kBN rows later
   };
   const int key_w0 = warp * kWarpKeys;
@@ -468,7 +471,6 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
           }
         }
       }
-      __syncthreads();
     }
     cp_async_wait<0>();
 
@@ -593,7 +595,6 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
           }
         }
       }
-      __syncthreads();
     }
     cp_async_wait<0>();
 
