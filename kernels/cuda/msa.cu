@@ -5,7 +5,9 @@
 // the sequence, at or before the token's position) and streams them through a cp.async ring into swizzled
 // shared memory and mma.sync, with the four warps splitting each tile's keys (KvTraits below). FP8 (e4m3) runs
 // Q.K^T on the e4m3 MMA as loaded and widens V in registers for the f16 P.V MMA; softmax and accumulation are
-// f32, output bf16. Rows owned by no sequence are zeroed by the kernel itself when the call is unsplit.
+// f32, output bf16. On sm_90a, fp8 with at most 8 heads per kv head runs Q.K^T on the warpgroup MMA instead
+// (wgmma e4m3, K and Q read from shared memory as loaded; kWg in the kernel). Rows owned by no sequence are
+// zeroed by the kernel itself when the call is unsplit.
 // Split-K partials merge in split_k_combine_kernel (attention.cuh), which also zeroes padding rows.
 // This kernel serves decode, speculative decode, and the prefill calls the block-reusing kernel does not take:
 // bf16 prefill with one partition on compute capability 9.0 runs msa_prefill_sm90_kernel, which reads each
@@ -64,7 +66,8 @@ __device__ __forceinline__ int owner_of(const MsaArgs& a, int t, int64_t* eff_b,
 // (On the H200, fp8 with 8 warps or 6 stages measured no faster; NOTES_msa.md.)
 //   bf16: 64-key tiles (16 keys per warp); Q.K^T and P.V on the bf16 m16n8k16 MMA.
 //   fp8:  128-key tiles (a whole block, 32 keys per warp); Q.K^T on the e4m3 m16n8k32 MMA straight from the
-//         loaded tile (q is e4m3 too; on sm_90 ptxas widens both operands to f16 per MMA), P.V on the f16
+//         loaded tile (q is e4m3 too; on sm_90 ptxas widens both operands to f16 per MMA; the transposed
+//         form on sm_90a uses wgmma instead, which takes e4m3 natively), P.V on the f16
 //         m16n8k16 MMA with V widened in registers (e4m3 -> f16 is exact): ldmatrix .trans hands each lane two
 //         keys of one pair of adjacent columns, a byte permute splits the pair, and the even and odd columns run
 //         as two MMAs whose output columns are interleaved (col_of below).
