@@ -156,6 +156,24 @@ def test_cuda_mha_ragged_paged_matches_oracle(case):
     assert_close(got, want, budget_for(case["dtype"]))
 
 
+@pytest.mark.parametrize("page", [24, 48, 96])
+@pytest.mark.parametrize("scenario", ["decode", "spec"])
+@pytest.mark.parametrize("np_", [0, 3])
+def test_cuda_mha_page_sizes_not_a_power_of_two(page, scenario, np_):
+    """Pages of 24 and 48 keys (smaller than a key tile: the 8-row decode tile's own loader) and of 96 (larger than a
+    tile, not a multiple of it): the page-table index and slot come from a division instead of a shift."""
+    rng = np.random.default_rng(page + np_)
+    batch = make_batch(rng, scenario)
+    hkv, group, d = 2, 4, 128
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=page,
+                             max_pages=-(-512 // page), n_kv_heads=hkv, head_dim=d, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, hkv * group, d), jnp.bfloat16)
+    args = (q, batch.offsets, nan_past_keys(cache, batch.cache, batch.n, page), batch.cache_lengths, cache.lut, 1)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=np_,
+                                                      implementation="native"))(*args)
+    assert_close(got, oracle.mha_ragged_paged(*args, mask_str="causal"), budget_for(jnp.bfloat16))
+
+
 def _tile128_cases():
     rng = np.random.default_rng(4321)
     cases = []
