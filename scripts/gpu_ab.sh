@@ -20,12 +20,17 @@ build() {  # build SRC_DIR BUILD_DIR
     -DCMAKE_BUILD_TYPE=Release > "$2.log" 2>&1 && cmake --build "$2" -j 16 >> "$2.log" 2>&1 \
     || { tail -n 30 "$2.log"; return 1; }
 }
+for d in $AB_DIR; do  # a folder that did not travel would silently give a second build of the tree
+  if [ -z "$(find "$d" -type f 2>/dev/null | head -n 1)" ]; then
+    echo "gpu_ab.sh: folder '$d' is missing or empty here (ignored by git, so not carried?)" >&2; exit 2
+  fi
+done
 names=(A)
 rm -rf /tmp/ab_tree_*
 build kernels /tmp/ab_build_A & pids=($!)
 letter=B
 for d in $AB_DIR; do
-  rm -rf "/tmp/ab_src_$letter" && cp -r kernels "/tmp/ab_src_$letter" && cp -r "$d"/. "/tmp/ab_src_$letter/"
+  rm -rf "/tmp/ab_src_$letter" && cp -r kernels "/tmp/ab_src_$letter" && cp -r "$d"/. "/tmp/ab_src_$letter/" || exit 2
   echo "build $letter: kernels/ + $d ($(cd "$d" && find . -type f | sed 's|^\./||' | tr '\n' ' '))"
   if [ -d "$d/msa_ops" ]; then  # the Python side with this variant's package files laid over it
     t="/tmp/ab_tree_$letter"
