@@ -19,7 +19,9 @@ for br in "$@"; do
     mkdir -p "$d/$(dirname "${f#kernels/}")"
     git show "$br:$f" > "$d/${f#kernels/}"
   done
-  if git check-ignore -q "$d/x" 2>/dev/null; then echo "ab_folders.sh: $d is ignored by git and would not travel" >&2; exit 2; fi
+  if git check-ignore -q "$d/x" 2>/dev/null; then
+    echo "ab_folders.sh: $d is ignored by git and would not travel" >&2; exit 2
+  fi
   dirs+=("$d")
 done
 echo "${dirs[*]}"
