@@ -189,6 +189,10 @@ __device__ __forceinline__ int64_t warp_max_prefix(const int32_t* offsets, int l
 __device__ __forceinline__ int pool_page(const AttentionArgs& a, int32_t entry) {
   return (entry >= 0 && entry < a.num_blocks) ? entry : -1;
 }
+// Key `key`'s slot within its page (a mask when the page size is a power of two).
+__device__ __forceinline__ int page_slot(const AttentionArgs& a, int key) {
+  return a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
+}
 
 // Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
 template <int BLOCK_M>
@@ -439,9 +443,9 @@ __device__ __forceinline__ void merge_weights(const float* ml, int rows, int r, 
 // workspace and a second kernel. Transposed (8-row) epilogues: thread (r, c) of 16 per row holds row r's partial
 // for dims c * DPT onwards: m (log2 units), l and the unnormalized sum acc. Every thread of every CTA of the
 // cluster calls this (it holds two cluster barriers). `xchg` is kClusterXchgFloats(DPT) floats of the CTA's
-// shared memory, 16-byte aligned, that nothing else uses now. Chunk c of row r is finished by the CTA of rank c % partitions: it returns
-// true with the normalized output in res (zeros when no partition saw a key), sink_log2 (the sink logit in
-// log2 units, or -inf) counted once in the denominator.
+// shared memory, 16-byte aligned, that nothing else uses now. Chunk c of row r is finished by the CTA of rank
+// c % partitions: it returns true with the normalized output in res (zeros when no partition saw a key),
+// sink_log2 (the sink logit in log2 units, or -inf) counted once in the denominator.
 __device__ __forceinline__ void cluster_barrier() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -479,7 +483,8 @@ __device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr, uint32_t rank) {
   return v;
 }
 constexpr int kMaxClusterPartitions = 8;
-__host__ __device__ constexpr int kClusterXchgFloats(int dpt) { return 8 * (dpt * 16 + 4); }  // 8 rows: 16 chunks, (m, l), padding
+// 8 rows, each of 16 chunks, then (m, l) and padding.
+__host__ __device__ constexpr int kClusterXchgFloats(int dpt) { return 8 * (dpt * 16 + 4); }
 
 template <int DPT>
 __device__ __forceinline__ bool cluster_merge(float* xchg, int r, int c, float m, float l, const float* acc,
@@ -488,7 +493,8 @@ __device__ __forceinline__ bool cluster_merge(float* xchg, int r, int c, float m
   float* row = xchg + r * (DPT * 16 + 4);  // the row's 16 chunks, then (m, l), padded to 16 bytes
 #pragma unroll
   for (int j = 0; j < DPT / 4; ++j)
-    reinterpret_cast<float4*>(row + c * DPT)[j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+    reinterpret_cast<float4*>(row + c * DPT)[j] =
+        make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
   if (c == 0) *reinterpret_cast<float2*>(row + DPT * 16) = make_float2(m, l);
   cluster_barrier();  // every partition's partial written and visible across the cluster
   uint32_t np = 1;
@@ -499,7 +505,8 @@ __device__ __forceinline__ bool cluster_merge(float* xchg, int r, int c, float m
     float mx = -INFINITY;
 #pragma unroll
     for (int q = 0; q < kMaxClusterPartitions; ++q) {
-      const float2 v = q < static_cast<int>(np) ? ld_cluster_f2(smem_addr(row + DPT * 16), q) : make_float2(-INFINITY, 0.f);
+      const float2 v =
+          q < static_cast<int>(np) ? ld_cluster_f2(smem_addr(row + DPT * 16), q) : make_float2(-INFINITY, 0.f);
       mq[q] = v.x;
       lq[q] = v.y;
       mx = fmaxf(mx, v.y > 0.f ? v.x : -INFINITY);
@@ -556,7 +563,9 @@ inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, size_t sm
 
 // Host: whether the split-K partitions of `kernel` (128 threads, `smem` bytes of dynamic shared memory) run as
 // clusters of `np` along z that merge in the kernel: np within kClusterMergeMaxPartitions, a cluster of them fits
-// the GPU (compute capability 9.0+), and MSA_OPS_CLUSTER_MERGE is not 0. The answer is kept per kernel and np.
+// the GPU (compute capability 9.0+), and MSA_OPS_CLUSTER_MERGE is not 0. The answer is kept per np for all the
+// kernels of one signature (the first one asked answers for the others): every kernel that takes this path is a
+// 128-thread CTA with at most ~105 KB of shared memory, for which a cluster of two fits wherever clusters exist.
 // The merge itself handles up to kMaxClusterPartitions (and passes the GPU tests at 2..8 on an H200), but the
 // launch uses it for two partitions only: at eight, B=4 / 64k dense decode ran at half speed on an H200 (one
 // cluster of 8 holds 8 of a GPC's CTA slots at once; the grid no longer fits one wave), benchmarks/NOTES_mha.md.
@@ -767,7 +776,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
       for (int i = 0; i < NPASS; ++i) {
         const int key = key0 + i * RSTEP;
         const int pg = __shfl_sync(0xffffffff, my_page, (my_row - warp_row0) + i * kRowsPerWarp);
-        const int slot = a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
+        const int slot = page_slot(a, key);
         const bool ok = pg >= 0;
         const uintptr_t src =
             base + (ok ? static_cast<uintptr_t>((static_cast<int64_t>(pg) * page_stride + head_off +
@@ -797,7 +806,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
           const int pidx = a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size;
           pg = pool_page(a, (key < kmax && layer_ok) ? __ldg(lut_row + pidx) : -1);
         }
-        const int slot = a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
+        const int slot = page_slot(a, key);
         ok[i] = pg >= 0;
         src[i] = ok[i] ? static_cast<int64_t>(pg) * page_stride + head_off + slot * row_stride : 0;
       }

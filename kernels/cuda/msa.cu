@@ -66,11 +66,11 @@ __device__ __forceinline__ int owner_of(const MsaArgs& a, int t, int64_t* eff_b,
 // (On the H200, fp8 with 8 warps or 6 stages measured no faster; NOTES_msa.md.)
 //   bf16: 64-key tiles (16 keys per warp); Q.K^T and P.V on the bf16 m16n8k16 MMA.
 //   fp8:  128-key tiles (a whole block, 32 keys per warp); Q.K^T on the e4m3 m16n8k32 MMA straight from the
-//         loaded tile (q is e4m3 too; on sm_90 ptxas widens both operands to f16 per MMA; the transposed
-//         form on sm_90a uses wgmma instead, which takes e4m3 natively), P.V on the f16
-//         m16n8k16 MMA with V widened in registers (e4m3 -> f16 is exact): ldmatrix .trans hands each lane two
-//         keys of one pair of adjacent columns, a byte permute splits the pair, and the even and odd columns run
-//         as two MMAs whose output columns are interleaved (col_of below).
+//         loaded tile (q is e4m3 too; on sm_90 ptxas widens both operands to f16 per MMA; the transposed form
+//         on sm_90a uses wgmma instead, which takes e4m3 natively), P.V on the f16 m16n8k16 MMA with V widened
+//         in registers (e4m3 -> f16 is exact): ldmatrix .trans hands each lane two keys of one pair of adjacent
+//         columns, a byte permute splits the pair, and the even and odd columns run as two MMAs whose output
+//         columns are interleaved (col_of below).
 // Two e4m3 values (the low 16 bits) -> f16x2, the low byte in the low half (exact).
 __device__ __forceinline__ uint32_t pair_to_f16x2(uint32_t x) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), __NV_E4M3);
@@ -243,9 +243,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   const int64_t head_off = static_cast<int64_t>(layer) * kBlock * row_stride + static_cast<int64_t>(hkv) * kRowBytes;
   // The selected blocks lie anywhere in the pool. One line of each block's K is prefetched into L2 ahead of its
   // copies, so that the translation of its address is done before they are issued: for the first tiles while
-  // warp 0 compacts the slots, for the others kPrefetchTiles tiles ahead of the tile being
-  // loaded (await_tile). On H200s at topk 64 this took bf16 from 142 to 137-140 us on some machines and changed
-  // nothing on others; fp8 measured the same (NOTES_msa.md v7).
+  // warp 0 compacts the slots, for the others kPrefetchTiles tiles ahead of the tile being loaded (await_tile).
+  // On H200s at topk 64 this took bf16 from 142 to 137-140 us on some machines and changed nothing on others;
+  // fp8 measured the same (NOTES_msa.md v7).
   constexpr int kPrefetchTiles = 8;
 
   // ---- compact this partition's slots into tiles: valid id, first occurrence, key range before p.
@@ -266,9 +266,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
         id = sIds[slot];
         // The page-table read needs only an id inside the table: issued before the checks against the cache
         // length (whose read may still be in flight) and before the duplicate scan, which run under its latency.
-        if (id >= 0 && id < a.max_pages) page = lut_row[id];
-        ok = id >= 0 && id < a.max_pages && static_cast<int64_t>(id) * kBlock < n_keys &&
-             static_cast<int64_t>(id) * kBlock <= p;
+        const bool in_table = id >= 0 && id < a.max_pages;
+        if (in_table) page = lut_row[id];
+        ok = in_table && static_cast<int64_t>(id) * kBlock < n_keys && static_cast<int64_t>(id) * kBlock <= p;
       }
       // A repeated id counts at its first slot: against the earlier chunks' slots one by one, within this chunk
       // by the lanes holding the same id (slots past s_hi or invalid hold -1 and are never kept).
