@@ -9,7 +9,8 @@
 //     mask of the tile's tokens that selected it, one chunk of up to kChunk blocks at a time, into one of two
 //     plan slots;
 //   * warpgroups 1 and 2 (the consumers) run the wgmma pipeline over 64 rows each, as in msa_prefill_sm90.cuh,
-//     then store their rows.
+//     then store their rows. They take turns issuing each step's MMAs (named barriers 3 and 4), so that one's
+//     softmax runs under the other's MMAs.
 // Every hand-over is an mbarrier: full (TMA bytes, or the planners' arrivals) and empty (the consumers' arrivals)
 // per Q buffer, ring stage and plan slot. So the next tile's planning and its Q and first K/V loads run while the
 // consumers finish the current tile, and the consumers never wait at a CTA-wide barrier. The producer warpgroup
@@ -82,6 +83,14 @@ __device__ __forceinline__ void mbar_wait_ws(uint32_t bar, uint32_t parity) {
 }
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int kId>
+__device__ __forceinline__ void named_arrive(int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
+}
+template <int kId>
+__device__ __forceinline__ void named_sync(int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -316,6 +325,13 @@ __global__ void __launch_bounds__(384, 1)
     const int cwg = ctid / 128;
     const int warp_row0 = cwg * 64 + (warp % 4) * 16;
     const float sl2 = a.scale_log2;
+    // The two warpgroups take turns at the tensor cores (named barriers 3 and 4, one per warpgroup): each issues a
+    // step's MMAs only after the other has issued its own, so one's softmax, first Q K^T and epilogue run while
+    // the other's MMAs do. Both issue the same steps in the same order (the same blocks); warpgroup 1's first
+    // arrival lets warpgroup 0 start.
+    auto turn = [&] { cwg == 0 ? named_sync<3>(C::kConsumerThreads) : named_sync<4>(C::kConsumerThreads); };
+    auto pass = [&] { cwg == 0 ? named_arrive<4>(C::kConsumerThreads) : named_arrive<3>(C::kConsumerThreads); };
+    if (cwg == 1) named_arrive<3>(C::kConsumerThreads);
     int pc = 0, g = 0, qi = 0;
     float o[ND * 4];
     float s[NS * 4];
@@ -371,8 +387,10 @@ __global__ void __launch_bounds__(384, 1)
         };
         if (n > 0) {
           wait_k(g);
+          turn();
           wgmma_fence();
           wg_qk<T, BM, BN, D>(s, q_wg, sK(g));
+          pass();
           wgmma_wait<0>();
           fence_regs<NS * 4>(s);
           mbar_arrive(bar(C::kBarKEmpty + (g & 1)));
@@ -382,9 +400,11 @@ __global__ void __launch_bounds__(384, 1)
             wait_k(g + j);
             wait_v(j - 1, g + j - 1);
             fence_regs<ND * 4>(o);
+            turn();
             wgmma_fence();
             wg_qk<T, BM, BN, D>(s, q_wg, sK(g + j));
             wg_pv<T, BN, D>(o, pf, sV(g + j - 1));
+            pass();
             wgmma_wait<1>();
             fence_regs<NS * 4>(s);
             mbar_arrive(bar(C::kBarKEmpty + ((g + j) & 1)));
@@ -396,8 +416,10 @@ __global__ void __launch_bounds__(384, 1)
           }
           wait_v(n - 1, g + n - 1);
           fence_regs<ND * 4>(o);
+          turn();
           wgmma_fence();
           wg_pv<T, BN, D>(o, pf, sV(g + n - 1));
+          pass();
           wgmma_wait<0>();
           fence_regs<ND * 4>(o);
           mbar_arrive(bar(C::kBarVEmpty + ((g + n - 1) & 1)));
