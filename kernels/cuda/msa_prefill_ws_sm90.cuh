@@ -55,7 +55,9 @@ struct MsaPrefillWs {
   static constexpr int kOffMisc = kOffBase + kMaxWords * 4;  // [4]
   static constexpr int kOffEntPage = kOffMisc + 16;
   static constexpr int kOffEntId = kOffEntPage + kEntCache * 4;
-  static constexpr int kOffBar = (kOffEntId + kEntCache * 2 + 7) / 8 * 8;
+  static constexpr int kOrderSeqs = 128;  // sequences the interleaved walk takes (ws_order_build)
+  static constexpr int kOffOrder = (kOffEntId + kEntCache * 2 + 15) / 16 * 16;  // [4], first [kOrderSeqs], tiles [..]
+  static constexpr int kOffBar = (kOffOrder + (4 + 2 * kOrderSeqs) * 4 + 7) / 8 * 8;
   // mbarriers: Q full/empty [2], K full/empty [2], V full/empty [2], plan full/empty [2]
   static constexpr int kBarQFull = 0, kBarQEmpty = 2, kBarKFull = 4, kBarKEmpty = 6, kBarVFull = 8,
                        kBarVEmpty = 10, kBarPFull = 12, kBarPEmpty = 14, kBars = 16;
@@ -102,12 +104,72 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 #endif
 
-// Work item w of the CTA's walk: query tile (heaviest first) and kv head.
+// The walk over the work items (query tile x kv head), heaviest first. A tile weighs about its last row's keys
+// (causal, up to topk blocks), so the last tiles of the sequences come first: with several sequences, item w is
+// (kv head w % Hkv, tile k = w / Hkv / B from the end of sequence w / Hkv % B), so that the sequences' ends are
+// interleaved; one sequence's tiles in order would leave a sequence's light first tiles next to another's heavy
+// last ones. Taken when at most kOrderSeqs sequences and the B x (longest sequence's tiles) slots are at most twice
+// the tiles (each empty slot is an item skipped); else the tiles in reverse grid order. CTA c takes items
+// r * grid + c in even rounds r and r * grid + grid - 1 - c in odd ones (ws_walk): round robin over a descending
+// order would hand CTA 0 the heaviest item of every round.
 struct WsItem {
-  int x_tile, hkv;
+  int x_tile, hkv;  // x_tile -1: an empty slot of the interleaved walk
 };
-__device__ __forceinline__ WsItem ws_item(int w, int tiles_x, int hkv_count) {
-  return WsItem{tiles_x - 1 - w / hkv_count, w % hkv_count};
+// Builds the order in shared memory (order[0..2] = interleave, B, items; then first[], tiles[]); one warp.
+__device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles_x, int* order) {
+  constexpr int kSeqs = MsaPrefillWs::kOrderSeqs;
+  const int lane = threadIdx.x & 31;
+  int* first_t = order + 4;
+  int* tiles_t = first_t + kSeqs;
+  int64_t carry = imin(imax(0, a.q_offsets[0]), a.total_rows);  // the repaired offsets of locate_tile
+  int first = 0, longest = 0;
+  for (int base = 0; base < a.batch && a.batch <= kSeqs; base += 32) {
+    const int b = base + lane;
+    int64_t v = b < a.batch ? static_cast<int64_t>(a.q_offsets[b + 1]) : INT64_MIN;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int64_t u = __shfl_up_sync(0xffffffff, v, d);
+      if (lane >= d) v = imax(v, u);
+    }
+    const int64_t eff_next = imin(imax(carry, v), a.total_rows);
+    int64_t eff_prev = __shfl_up_sync(0xffffffff, eff_next, 1);
+    if (lane == 0) eff_prev = carry;
+    const int n = b < a.batch ? static_cast<int>(eff_next - eff_prev) : 0;
+    const int tiles = (n * a.group + MsaPrefillWs::kBlockM - 1) / MsaPrefillWs::kBlockM;
+    int cs = tiles, mx = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int u = __shfl_up_sync(0xffffffff, cs, d);
+      if (lane >= d) cs += u;
+      mx = max(mx, __shfl_xor_sync(0xffffffff, mx, d));
+    }
+    if (b < a.batch) {
+      first_t[b] = first + cs - tiles;
+      tiles_t[b] = tiles;
+    }
+    first += __shfl_sync(0xffffffff, cs, 31);
+    carry = __shfl_sync(0xffffffff, eff_next, 31);
+    longest = max(longest, mx);
+  }
+  if (lane == 0) {
+    const bool inter = a.batch > 1 && a.batch <= kSeqs && longest > 0 &&
+                       static_cast<int64_t>(a.batch) * longest <= 2 * static_cast<int64_t>(first);
+    order[0] = inter ? 1 : 0;
+    order[1] = a.batch;
+    order[2] = (inter ? a.batch * longest : tiles_x) * a.Hkv;
+  }
+}
+__device__ __forceinline__ int ws_walk(int r) {
+  return r * static_cast<int>(gridDim.x) + ((r & 1) ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : blockIdx.x);
+}
+// Item w of the order that ws_order_build left in shared memory (read there at each item: no registers held).
+__device__ __forceinline__ WsItem ws_item(const int* order, int w, int tiles_x, int hkv_count) {
+  const int v = w / hkv_count, hkv = w % hkv_count;
+  if (!order[0]) return WsItem{tiles_x - 1 - v, hkv};
+  const int B = order[1];
+  const int k = v / B, b = v % B;
+  const int n = order[4 + MsaPrefillWs::kOrderSeqs + b];
+  return WsItem{k < n ? order[4 + b] + n - 1 - k : -1, hkv};
 }
 
 // a: the MSA call as a paged ragged attention (page_size 128, num_partitions 1, no sink); qmap: Q as
@@ -134,7 +196,7 @@ __global__ void __launch_bounds__(384, 1)
   auto bar = [&](int i) { return sBar + 8 * i; };
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int n_items = tiles_x * a.Hkv;
+  int* sOrder = reinterpret_cast<int*>(sbase + C::kOffOrder);
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
       mbar_init(bar(C::kBarQFull + i), 1);
@@ -148,6 +210,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     mbar_init_fence();
   }
+  if (warp == 1) ws_order_build(a, tiles_x, sOrder);
   __syncthreads();
 
   const int layer = *a.layer_ptr;
@@ -173,8 +236,11 @@ __global__ void __launch_bounds__(384, 1)
           tma_load_5d(dst + h * BN * 128, v ? &kvm.v : &kvm.k, full, h * 64, hkv, 0,
                       (v ? a.num_layers : 0) + layer_c, page);
       };
-      for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
-        const WsItem it = ws_item(w, tiles_x, a.Hkv);
+      for (int r = 0;; ++r) {
+        const int w = ws_walk(r);
+        if (w >= sOrder[2]) break;  // the number of items
+        const WsItem it = ws_item(sOrder, w, tiles_x, a.Hkv);
+        if (it.x_tile < 0) continue;
         const SeqTile st = locate_tile<BM>(a, it.x_tile);
         if (st.b < 0) continue;
         if (lane == 0) {
@@ -219,8 +285,11 @@ __global__ void __launch_bounds__(384, 1)
       const int nwords = (a.max_pages + 31) / 32;
       constexpr int kWpt = (C::kMaxWords + C::kPlanners - 1) / C::kPlanners;  // bitmap words per planner
       int pc = 0;
-      for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
-        const WsItem it = ws_item(w, tiles_x, a.Hkv);
+      for (int r = 0;; ++r) {
+        const int w = ws_walk(r);
+        if (w >= sOrder[2]) break;  // the number of items
+        const WsItem it = ws_item(sOrder, w, tiles_x, a.Hkv);
+        if (it.x_tile < 0) continue;
         const SeqTile st = locate_tile<BM>(a, it.x_tile);
         if (st.b < 0) continue;
         const int group = a.group;
@@ -337,8 +406,11 @@ __global__ void __launch_bounds__(384, 1)
     float s[NS * 4];
     uint32_t pf[BN / 16][4];
     float corr[2];
-    for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
-      const WsItem it = ws_item(w, tiles_x, a.Hkv);
+    for (int r = 0;; ++r) {
+      const int w = ws_walk(r);
+      if (w >= sOrder[2]) break;
+      const WsItem it = ws_item(sOrder, w, tiles_x, a.Hkv);
+      if (it.x_tile < 0) continue;
       const SeqTile st = locate_tile<BM>(a, it.x_tile);
       if (st.b < 0) continue;
       const int group = a.group;
