@@ -1,7 +1,7 @@
 """Plot benchmark JSON (from gpu_mha.py) as PNG: throughput against sequence length, ours vs the peers.
 
 Needs matplotlib (not a dependency of the package: install it where you plot). Usage:
-    python benchmarks/plot_results.py benchmarks/results/h200_decode.json benchmarks/results/h200_prefill.json
+    python benchmarks/plot_results.py benchmarks/results/gpu_mha.json
 writes benchmarks/results/h200_mha.png
 """
 
