@@ -152,11 +152,12 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     longest = max(longest, mx);
   }
   if (lane == 0) {
-    const bool inter = a.batch > 1 && a.batch <= kSeqs && longest > 0 &&
-                       static_cast<int64_t>(a.batch) * longest <= 2 * static_cast<int64_t>(first);
+    const int64_t slots = static_cast<int64_t>(a.batch) * longest;  // (tiles_x * Hkv fits an int: msa.cu checks)
+    const bool inter = a.batch > 1 && a.batch <= kSeqs && longest > 0 && slots <= 2 * static_cast<int64_t>(first) &&
+                       slots * a.Hkv <= INT32_MAX;
     order[0] = inter ? 1 : 0;
     order[1] = a.batch;
-    order[2] = (inter ? a.batch * longest : tiles_x) * a.Hkv;
+    order[2] = static_cast<int>((inter ? slots : tiles_x) * a.Hkv);
   }
 }
 __device__ __forceinline__ int ws_walk(int r) {
