@@ -194,6 +194,25 @@ __device__ __forceinline__ int page_slot(const AttentionArgs& a, int key) {
   return a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
 }
 
+// One step of the repaired-offsets scan over sequences base + lane (a whole warp): eff[b] and eff[b + 1] of the
+// lane's sequence b, where eff is the running max of the offsets clamped to [0, T] and carry = eff[base]; returns
+// the sequence's rows (0 past the last sequence).
+__device__ __forceinline__ int seq_rows_step(const AttentionArgs& a, int base, int64_t carry, int64_t* eff_prev,
+                                             int64_t* eff_next) {
+  const int lane = threadIdx.x & 31;
+  const int b = base + lane;
+  int64_t v = b < a.batch ? static_cast<int64_t>(a.q_offsets[b + 1]) : INT64_MIN;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int64_t u = __shfl_up_sync(0xffffffff, v, d);
+    if (lane >= d) v = imax(v, u);
+  }
+  *eff_next = imin(imax(carry, v), a.total_rows);
+  *eff_prev = __shfl_up_sync(0xffffffff, *eff_next, 1);
+  if (lane == 0) *eff_prev = carry;
+  return b < a.batch ? static_cast<int>(*eff_next - *eff_prev) : 0;
+}
+
 // Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
 template <int BLOCK_M>
 __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
@@ -219,16 +238,8 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
     int first = 0;                                                // tiles before sequence `base`
     for (int base = 0; base < a.batch; base += 32) {
       const int b = base + lane;
-      int64_t v = b < a.batch ? static_cast<int64_t>(a.q_offsets[b + 1]) : INT64_MIN;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int64_t u = __shfl_up_sync(0xffffffff, v, d);
-        if (lane >= d) v = imax(v, u);
-      }
-      const int64_t eff_next = imin(imax(carry, v), a.total_rows);  // eff[b + 1]
-      int64_t eff_prev = __shfl_up_sync(0xffffffff, eff_next, 1);
-      if (lane == 0) eff_prev = carry;
-      const int n = b < a.batch ? static_cast<int>(eff_next - eff_prev) : 0;
+      int64_t eff_prev, eff_next;  // eff[b], eff[b + 1]
+      const int n = seq_rows_step(a, base, carry, &eff_prev, &eff_next);
       const int tiles = (n * group + BLOCK_M - 1) / BLOCK_M;
       int cs = tiles;
 #pragma unroll

@@ -125,16 +125,8 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   int first = 0, longest = 0;
   for (int base = 0; base < a.batch && a.batch <= kSeqs; base += 32) {
     const int b = base + lane;
-    int64_t v = b < a.batch ? static_cast<int64_t>(a.q_offsets[b + 1]) : INT64_MIN;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int64_t u = __shfl_up_sync(0xffffffff, v, d);
-      if (lane >= d) v = imax(v, u);
-    }
-    const int64_t eff_next = imin(imax(carry, v), a.total_rows);
-    int64_t eff_prev = __shfl_up_sync(0xffffffff, eff_next, 1);
-    if (lane == 0) eff_prev = carry;
-    const int n = b < a.batch ? static_cast<int>(eff_next - eff_prev) : 0;
+    int64_t eff_prev, eff_next;
+    const int n = seq_rows_step(a, base, carry, &eff_prev, &eff_next);
     const int tiles = (n * a.group + MsaPrefillWs::kBlockM - 1) / MsaPrefillWs::kBlockM;
     int cs = tiles, mx = tiles;
 #pragma unroll
