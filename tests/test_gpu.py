@@ -574,6 +574,38 @@ def test_cuda_msa_prefill_kernel(case, ws, monkeypatch):
         assert not np.array_equal(tiled, per_token)
 
 
+# The warp-specialized kernel's walk over its items (query tile x kv head): with more items than CTAs it runs
+# several rounds in snake order, the sequences' last tiles interleaved when at most 128 sequences of similar
+# lengths (4 sequences, 244 items); with 130 sequences it keeps the grid order (780 items). Each item must be
+# computed exactly once: a tile computed twice or skipped shows as a wrong or a zero row.
+MSA_PREFILL_ORDER_CASES = [  # (n per sequence, cache per sequence, topk)
+    ([700, 300, 900, 20], [0, 300, 2000, 128], 4),
+    ([40] * 130, [(37 * i) % 700 for i in range(130)], 2),
+]
+
+
+@pytest.mark.parametrize("case", MSA_PREFILL_ORDER_CASES, ids=["interleaved", "130-sequences"])
+def test_cuda_msa_prefill_item_order(case, monkeypatch):
+    monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", "1")
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
+    n, cache_len, topk = case
+    group, hkv = 8, 2
+    rng = np.random.default_rng(len(n) + topk)
+    batch = RaggedBatch(n, cache_len, sum(n) + 3)
+    max_pages = max(-(-(c + m) // 128) for c, m in zip(cache_len, n))
+    cache = make_paged_cache(rng, [c + m for c, m in zip(cache_len, n)], page_size=128, max_pages=max_pages,
+                             n_kv_heads=hkv, head_dim=128, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, hkv * group, 128), jnp.bfloat16)
+    ids = _msa_prefill_ids(rng, "blocks", batch, topk, max_pages, hkv)
+    args = (q, batch.offsets, None, nan_past_keys(cache, cache_len, n, 128), batch.cache_lengths, cache.lut, 1, ids)
+    cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
+    plan = msa_ops.plan("mo.msa.attention.ragged.paged", *args[:2], cro, *args[3:])
+    assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)
+    f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
+    got = np.asarray(f(*args), np.float32)
+    assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
+
+
 def test_cuda_msa_prefill_kernel_bad_values():
     rng = np.random.default_rng(12)
     batch = RaggedBatch([150, 0, 70], [100, 0, 300], 230)
