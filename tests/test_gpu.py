@@ -522,6 +522,8 @@ MSA_PREFILL_CASES = [  # (pattern, group, topk, n per sequence, cache per sequen
     ("random", 16, 64, [90], [1000], 9, 5),
     ("random", 4, 256, [40, 20], [3000, 10], 30, 2),
     ("spread", 1, 64, [130], [80000], 640, 0),                # > 512 distinct blocks in one tile: several chunks
+    ("random", 64, 8, [40, 9], [100, 0], 2, 1),               # a warpgroup's 64 rows are one token's heads
+    ("blocks", 128, 4, [20, 3], [300, 0], 4, 2),              # one token per tile
 ]
 
 

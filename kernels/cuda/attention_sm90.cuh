@@ -373,6 +373,85 @@ __device__ __forceinline__ void wg_store_rows(const AttentionArgs& a, const SeqT
 }
 #endif
 
+// The epilogue of a warp's 16 rows through shared memory, in two steps. wg_stage_rows: the rows, normalized and
+// packed, go into the warp's `stage`: per 64 columns, 16 rows of 128 bytes with the 16-byte chunks XOR-swizzled
+// by the row (no bank conflicts on either side), the D/64 column halves half_stride bytes apart. Unsplit calls
+// only (store_row's first branch). The caller owns `stage` for the warp (no other warp touches it) until
+// warp_store_staged, after a __syncwarp, has read it back.
+template <typename T, int D>
+__device__ __forceinline__ void wg_stage_rows(const AttentionArgs& a, const SeqTile& st, int rows_seq, int warp_row0,
+                                              int hkv, float* l_run, const float* m_run, const float* o, int lane,
+                                              unsigned char* stage, int half_stride) {
+  // The lane's offsets into `stage` are formed here, at each call: laundered, the lane keeps the compiler from
+  // hoisting them out of the caller's loops into registers (which spilled).
+  asm volatile("" : "+r"(lane));
+  using M = Mma<T>;
+  static_assert(D % 64 == 0, "64-column halves");
+  constexpr int ND = D / 8;
+  const T* sink = static_cast<const T*>(a.sink);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xffffffff, l_run[i], 2);
+    const int r = lane / 4 + i * 8;  // row within the warp's 16
+    const int pr = st.row0 + warp_row0 + r;
+    const bool any = l_run[i] > 0.f;
+    float den = l_run[i];
+    if (sink != nullptr && any && pr < rows_seq)
+      den += exp2f(sink_log2(M::to_float(sink[hkv * a.group + pr % a.group])) - m_run[i]);
+    const float inv = any ? 1.f / den : 0.f;
+#pragma unroll
+    for (int j = 0; j < ND; ++j)
+      *reinterpret_cast<uint32_t*>(stage + (j / 8) * half_stride + r * 128 + (((j % 8) ^ (r % 8)) * 16) +
+                                   (lane % 4) * 4) = M::pack(o[i * 2 + j * 4] * inv, o[i * 2 + j * 4 + 1] * inv);
+  }
+}
+
+// The warp's staged rows (wg_stage_rows) to the output, 16 bytes per lane: each warp store writes whole rows.
+// Rows past rows_seq are not written.
+template <typename T, int D>
+__device__ __forceinline__ void warp_store_staged(const AttentionArgs& a, const SeqTile& st, int rows_seq,
+                                                  int warp_row0, int hkv, int lane, const unsigned char* stage,
+                                                  int half_stride) {
+  asm volatile("" : "+r"(lane));
+  // All of the lane's chunks are read first, and each row's address follows from the previous one's (no
+  // division per row), so that the stores do not wait on one another.
+  constexpr int kChunks = D / 8;      // 16-byte chunks per row
+  constexpr int kRows = 32 / kChunks;  // rows per warp store
+  constexpr int kSteps = 16 / kRows;
+  const int c = lane % kChunks;
+  uint4 v[kSteps];
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    const int r = k * kRows + lane / kChunks;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"  // volatile: kept ahead of the stores
+                 : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w)
+                 : "r"(smem_addr(stage + (c / 8) * half_stride + r * 128 + (((c % 8) ^ (r % 8)) * 16))));
+  }
+  const int group = a.group;
+  int pr = st.row0 + warp_row0 + lane / kChunks;
+  int tok = pr / group;
+  int hh = pr - tok * group;
+  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(st.q_base) * a.H + hkv * group) * D + c * 8;
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    // One predicated 16-byte store (as C++, the uint4 store was split into four and put behind a branch).
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.lt.s32 p, %5, %6;\n@p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(
+            out + (static_cast<int64_t>(tok) * a.H + hh) * D),
+        "r"(v[k].x), "r"(v[k].y), "r"(v[k].z), "r"(v[k].w), "r"(pr), "r"(rows_seq)
+        : "memory");
+    pr += kRows;
+    hh += kRows;
+#pragma unroll
+    for (int t = 0; t < kRows; ++t)  // group >= 1: at most kRows token steps
+      if (hh >= group) {
+        hh -= group;
+        ++tok;
+      }
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm) {
 #if defined(MSA_OPS_SM90_WGMMA)

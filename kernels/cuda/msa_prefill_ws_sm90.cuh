@@ -4,13 +4,14 @@
 //
 // One CTA per SM walks the work items (query tile x kv head, heaviest first) with three warpgroups:
 //   * warp 0 (the loader) issues every TMA: a tile's Q (two 64-column boxes of [tokens][group heads]) into one of
-//     two Q buffers, then its union blocks' K and V (one page each) into two-stage K and V rings;
+//     two Q buffers, with the tile's place (locate_tile, in shared memory next to the buffer: the consumers do
+//     not wait on its global reads), then its union blocks' K and V (one page each) into two-stage K and V rings;
 //   * warps 1-3 (the planners) build each tile's plan: the union of its valid selected blocks and, per block, the
 //     mask of the tile's tokens that selected it, one chunk of up to kChunk blocks at a time, into one of two
 //     plan slots;
 //   * warpgroups 1 and 2 (the consumers) run the wgmma pipeline over 64 rows each, as in msa_prefill_sm90.cuh,
-//     then store their rows. They take turns issuing each step's MMAs (named barriers 3 and 4), so that one's
-//     softmax runs under the other's MMAs.
+//     then store their rows through their part of the Q buffer (whole rows, 16 bytes a lane). They take turns
+//     issuing each step's MMAs (named barriers 3 and 4), so that one's softmax runs under the other's MMAs.
 // Every hand-over is an mbarrier: full (TMA bytes, or the planners' arrivals) and empty (the consumers' arrivals)
 // per Q buffer, ring stage and plan slot. So the next tile's planning and its Q and first K/V loads run while the
 // consumers finish the current tile, and the consumers never wait at a CTA-wide barrier. The producer warpgroup
@@ -57,12 +58,14 @@ struct MsaPrefillWs {
   static constexpr int kOffEntId = kOffEntPage + kEntCache * 4;
   static constexpr int kOrderSeqs = 128;  // sequences the interleaved walk takes (ws_order_build)
   static constexpr int kOffOrder = (kOffEntId + kEntCache * 2 + 15) / 16 * 16;  // [4], first [kOrderSeqs], tiles [..]
-  static constexpr int kOffBar = (kOffOrder + (4 + 2 * kOrderSeqs) * 4 + 7) / 8 * 8;
+  static constexpr int kOffQTile = (kOffOrder + (4 + 2 * kOrderSeqs) * 4 + 15) / 16 * 16;  // [2] SeqTile per Q buffer
+  static constexpr int kOffBar = (kOffQTile + 2 * static_cast<int>(sizeof(SeqTile)) + 7) / 8 * 8;
   // mbarriers: Q full/empty [2], K full/empty [2], V full/empty [2], plan full/empty [2]
   static constexpr int kBarQFull = 0, kBarQEmpty = 2, kBarKFull = 4, kBarKEmpty = 6, kBarVFull = 8,
                        kBarVEmpty = 10, kBarPFull = 12, kBarPEmpty = 14, kBars = 16;
   static constexpr int kSmemBytes = kOffBar + kBars * 8;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;
+  static_assert(kSmemAlloc <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
 
 #if defined(MSA_OPS_SM90_WGMMA)
@@ -190,6 +193,7 @@ __global__ void __launch_bounds__(384, 1)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   int* sOrder = reinterpret_cast<int*>(sbase + C::kOffOrder);
+  SeqTile* sQTile = reinterpret_cast<SeqTile*>(sbase + C::kOffQTile);
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
       mbar_init(bar(C::kBarQFull + i), 1);
@@ -235,18 +239,25 @@ __global__ void __launch_bounds__(384, 1)
         const WsItem it = ws_item(sOrder, w, tiles_x, a.Hkv);
         if (it.x_tile < 0) continue;
         const SeqTile st = locate_tile<BM>(a, it.x_tile);
-        if (st.b < 0) continue;
+        // The tile goes to the consumers with its Q buffer (they skip it when it is past the last one): its
+        // fields are written before the buffer's full barrier is arrived on.
         if (lane == 0) {
           const int qb = qi & 1;
           mbar_wait_ws(bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
-          mbar_expect_tx(bar(C::kBarQFull + qb), C::kTileBytes);
-          const int tok = st.q_base + st.row0 / a.group;
+          sQTile[qb] = st;
+          if (st.b >= 0) {
+            mbar_expect_tx(bar(C::kBarQFull + qb), C::kTileBytes);
+            const int tok = st.q_base + st.row0 / a.group;
 #pragma unroll
-          for (int h = 0; h < D / 64; ++h)
-            tma_load_4d(s0 + C::kOffQ + qb * C::kTileBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb), h * 64,
-                        0, it.hkv, tok);
+            for (int h = 0; h < D / 64; ++h)
+              tma_load_4d(s0 + C::kOffQ + qb * C::kTileBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb),
+                          h * 64, 0, it.hkv, tok);
+          } else {
+            mbar_arrive(bar(C::kBarQFull + qb));
+          }
         }
         ++qi;
+        if (st.b < 0) continue;
         for (;;) {
           const int slot = pc & 1;
           mbar_wait_ws(bar(C::kBarPFull + slot), (pc >> 1) & 1);
@@ -404,19 +415,26 @@ __global__ void __launch_bounds__(384, 1)
       if (w >= sOrder[2]) break;
       const WsItem it = ws_item(sOrder, w, tiles_x, a.Hkv);
       if (it.x_tile < 0) continue;
-      const SeqTile st = locate_tile<BM>(a, it.x_tile);
-      if (st.b < 0) continue;
+      const int qb = qi & 1;
+      mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
+      const SeqTile st = sQTile[qb];  // the loader's locate_tile
+      if (st.b < 0) {  // past the last tile: the buffer holds no Q
+        mbar_arrive(bar(C::kBarQEmpty + qb));
+        ++qi;
+        continue;
+      }
       const int group = a.group;
+      const int gshift = 31 - __clz(group);  // a power of two (it divides 128: make_msa_q_map)
       const int rows_seq = st.n_q * group;
-      const int tok0 = st.row0 / group;
+      const int tok0 = st.row0 >> gshift;
       const int kmax = static_cast<int>(st.kmax);
       int tok_rel[2], row_hi[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
         if (pr < rows_seq) {
-          tok_rel[i] = pr / group - tok0;
-          row_hi[i] = static_cast<int>(imin(st.pos0 + pr / group + 1, static_cast<int64_t>(kmax)));
+          tok_rel[i] = (pr >> gshift) - tok0;
+          row_hi[i] = static_cast<int>(imin(st.pos0 + (pr >> gshift) + 1, static_cast<int64_t>(kmax)));
         } else {
           tok_rel[i] = 0;
           row_hi[i] = 0;
@@ -425,9 +443,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-      const int qb = qi & 1;
       const uint32_t q_wg = s0 + C::kOffQ + qb * C::kTileBytes + cwg * 64 * 128;
-      mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
       for (;;) {
         const int slot = pc & 1;
         mbar_wait_ws(bar(C::kBarPFull + slot), (pc >> 1) & 1);
@@ -494,9 +510,15 @@ __global__ void __launch_bounds__(384, 1)
         ++pc;
         if (last) break;
       }
-      mbar_arrive(bar(C::kBarQEmpty + qb));  // this thread's last Q K^T has completed
+      // The rows leave through the warp's own rows of the Q buffer (its last Q K^T has completed; no other warp
+      // touches them), and the buffer is handed back once this thread's stores have read it.
+      unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
+      wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, it.hkv, l_run, m_run, o, lane, stage, BM * 128);
+      __syncwarp();
+      warp_store_staged<T, D>(a, st, rows_seq, warp_row0, it.hkv, lane, stage, BM * 128);
+      fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
+      mbar_arrive(bar(C::kBarQEmpty + qb));
       ++qi;
-      wg_store_rows<T, D>(a, st, rows_seq, warp_row0, it.hkv, 0, l_run, m_run, o, lane);
     }
   }
 #else
