@@ -547,24 +547,28 @@ def _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv):
     return ids
 
 
-@pytest.mark.parametrize("ws", ["1", "0"])  # the warp-specialized kernel (where the group divides 128), or not
-@pytest.mark.parametrize("case", MSA_PREFILL_CASES, ids=lambda c: f"{c[0]}-g{c[1]}-k{c[2]}")
-def test_cuda_msa_prefill_kernel(case, ws, monkeypatch):
-    monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", ws)
-    pattern, group, topk, n, cache_len, max_pages, pad = case
-    hkv = 2
-    rng = np.random.default_rng(sum(n) + topk)
+def _msa_prefill_call(rng, pattern, group, topk, n, cache_len, max_pages, pad, hkv=2):
+    """The operands of a prefill-route MSA call (keys past each sequence NaN) and the jitted native op."""
     batch = RaggedBatch(n, cache_len, sum(n) + pad)
     cache = make_paged_cache(rng, [c + m for c, m in zip(cache_len, n)], page_size=128, max_pages=max_pages,
                              n_kv_heads=hkv, head_dim=128, dtype=jnp.bfloat16)
     q = rand(rng, (batch.T, hkv * group, 128), jnp.bfloat16)
     ids = _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv)
-    kv_blocks = nan_past_keys(cache, cache_len, n, 128)
-    args = (q, batch.offsets, None, kv_blocks, batch.cache_lengths, cache.lut, 1, ids)
+    args = (q, batch.offsets, None, nan_past_keys(cache, cache_len, n, 128), batch.cache_lengths, cache.lut, 1, ids)
     cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
     plan = msa_ops.plan("mo.msa.attention.ragged.paged", *args[:2], cro, *args[3:])
     assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)
     f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
+    return args, f
+
+
+@pytest.mark.parametrize("ws", ["1", "0"])  # the warp-specialized kernel (where the group divides 128), or not
+@pytest.mark.parametrize("case", MSA_PREFILL_CASES, ids=lambda c: f"{c[0]}-g{c[1]}-k{c[2]}")
+def test_cuda_msa_prefill_kernel(case, ws, monkeypatch):
+    monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", ws)
+    pattern, group, topk, n, cache_len, max_pages, pad = case
+    rng = np.random.default_rng(sum(n) + topk)
+    args, f = _msa_prefill_call(rng, pattern, group, topk, n, cache_len, max_pages, pad)
     want = oracle.msa_attention_ragged_paged(*args)
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
     tiled = np.asarray(f(*args), np.float32)
@@ -591,19 +595,9 @@ def test_cuda_msa_prefill_item_order(case, monkeypatch):
     monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", "1")
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
     n, cache_len, topk = case
-    group, hkv = 8, 2
     rng = np.random.default_rng(len(n) + topk)
-    batch = RaggedBatch(n, cache_len, sum(n) + 3)
     max_pages = max(-(-(c + m) // 128) for c, m in zip(cache_len, n))
-    cache = make_paged_cache(rng, [c + m for c, m in zip(cache_len, n)], page_size=128, max_pages=max_pages,
-                             n_kv_heads=hkv, head_dim=128, dtype=jnp.bfloat16)
-    q = rand(rng, (batch.T, hkv * group, 128), jnp.bfloat16)
-    ids = _msa_prefill_ids(rng, "blocks", batch, topk, max_pages, hkv)
-    args = (q, batch.offsets, None, nan_past_keys(cache, cache_len, n, 128), batch.cache_lengths, cache.lut, 1, ids)
-    cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
-    plan = msa_ops.plan("mo.msa.attention.ragged.paged", *args[:2], cro, *args[3:])
-    assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)
-    f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
+    args, f = _msa_prefill_call(rng, "blocks", 8, topk, n, cache_len, max_pages, 3)
     got = np.asarray(f(*args), np.float32)
     assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
 
