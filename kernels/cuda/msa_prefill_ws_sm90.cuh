@@ -86,9 +86,6 @@ __device__ __forceinline__ void mbar_wait_ws(uint32_t bar, uint32_t parity) {
     if (i > (1u << 26)) __trap();
   }
 }
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 template <int kId>
 __device__ __forceinline__ void named_arrive(int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
@@ -315,7 +312,7 @@ __global__ void __launch_bounds__(384, 1)
           return pool_page(a, __ldg(lut_row + id)) >= 0 ? id : -1;
         };
         for (int i = ptid; i < nwords; i += C::kPlanners) sBits[i] = 0u;
-        named_sync(1, C::kPlanners);
+        named_sync<1>(C::kPlanners);
         const bool cached = n_ent <= C::kEntCache;
         for (int e = ptid; e < n_ent; e += C::kPlanners) {
           const int id = entry(e);
@@ -325,7 +322,7 @@ __global__ void __launch_bounds__(384, 1)
           }
           if (id >= 0) atomicOr(&sBits[id >> 5], 1u << (id & 31));
         }
-        named_sync(1, C::kPlanners);
+        named_sync<1>(C::kPlanners);
         int n_union;
         {  // exclusive prefix of the words' popcounts: planner i owns words [i kWpt, (i + 1) kWpt)
           int cnt[kWpt];
@@ -343,7 +340,7 @@ __global__ void __launch_bounds__(384, 1)
             if (lane >= d) incl += u;
           }
           if (lane == 31) sMisc[warp - 1] = incl;
-          named_sync(1, C::kPlanners);
+          named_sync<1>(C::kPlanners);
           int before = 0, total = 0;
 #pragma unroll
           for (int k = 0; k < 3; ++k) {
@@ -359,7 +356,7 @@ __global__ void __launch_bounds__(384, 1)
             run += cnt[k];
           }
           n_union = total;
-          named_sync(1, C::kPlanners);  // sBase complete; sMisc free again
+          named_sync<1>(C::kPlanners);  // sBase complete; sMisc free again
         }
         for (int c0 = 0;; c0 += C::kChunk) {  // at least one chunk, so an empty union still reaches the consumers
           const int n = max(0, min(C::kChunk, n_union - c0));
@@ -367,7 +364,7 @@ __global__ void __launch_bounds__(384, 1)
           mbar_wait_ws(bar(C::kBarPEmpty + slot), ((pc >> 1) & 1) ^ 1);
           uint32_t* mask = sMask + slot * C::kChunk * C::kMaskWords;
           for (int i = ptid; i < n * C::kMaskWords; i += C::kPlanners) mask[i] = 0u;
-          named_sync(1, C::kPlanners);
+          named_sync<1>(C::kPlanners);
           for (int e = ptid; e < n_ent && n > 0; e += C::kPlanners) {
             const int id = cached ? sEntId[e] : entry(e);
             if (id < 0) continue;
@@ -388,7 +385,7 @@ __global__ void __launch_bounds__(384, 1)
           ++pc;
           if (last) break;
         }
-        named_sync(1, C::kPlanners);  // every planner is done with sBits / sBase / the entry cache of this tile
+        named_sync<1>(C::kPlanners);  // every planner is done with sBits / sBase / the entry cache of this tile
       }
     }
   } else {
@@ -459,7 +456,7 @@ __global__ void __launch_bounds__(384, 1)
           if (n_exist < BN) {  // the same block for both warpgroups: both take this branch
             zero_rows_sw128<BN, D, C::kConsumerThreads>(sbase + C::kOffV + (gj & 1) * C::kTileBytes, n_exist, ctid);
             fence_proxy_async();
-            named_sync(2, C::kConsumerThreads);
+            named_sync<2>(C::kConsumerThreads);
           }
         };
         auto softmax = [&](int j) {
