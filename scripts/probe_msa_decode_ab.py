@@ -18,13 +18,16 @@ from harness import bench_in_graph  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-partitions", type=int, default=0, help="split-K partitions (0: the ladder's choice)")
-    npart = ap.parse_args().num_partitions
+    ap.add_argument("--topk", default="16,64", help="comma list of the topk points to run")
+    args = ap.parse_args()
+    npart = args.num_partitions
     rng = np.random.default_rng(0)
     out = []
     for cache in (32768, 131072):
         kv16, kv8, lut, offs, cl, q16, q8 = decode_case(cache, rng)
         cud = cudnn_dense_gbs(q16, cache)
-        for topk in (16, 64):  # the newest block and topk - 1 random earlier ones per (sequence, kv head)
+        # the newest block and topk - 1 random earlier ones per (sequence, kv head)
+        for topk in [int(x) for x in args.topk.split(",")]:
             ids = decode_ids(rng, cache // 128, topk)
             t16 = bench_in_graph(msa_call(offs, cl, lut, npart), (q16, kv16, ids))
             t8 = bench_in_graph(msa_call(offs, cl, lut, npart), (q8, kv8, ids))

@@ -37,6 +37,8 @@ constexpr int kWarps = 4;     // they split each tile's keys and merge at the en
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 3;
 constexpr int kMaxTopk = 256;  // slots one CTA compacts in shared memory (larger topk: reference)
+// Page tables of at most this many entries a sequence (128k keys) are read whole at the CTA's start (4 KB).
+constexpr int kMaxLutRow = 1024;
 
 struct MsaArgs {
   const void* q;  // [T, H, 128]
@@ -141,12 +143,14 @@ struct MsaSmem {
   static constexpr int kStageBytes = 2 * KvTraits<KV>::kBN * kRowBytes;  // K + V tile
   static constexpr int kQBytes = 16 * kRowBytes;
   static constexpr int kListBytes = 5 * kMaxTopk * 4 + 64;  // key0[2*topk], page[2*topk], ids[topk], count
+  // The page-table row of the sequence the CTA guesses it serves (kMaxLutRow entries; see the kernel's start).
+  static constexpr int kLutBytes = kMaxLutRow * 4;
   static constexpr int kMergeBytes = kWarps * (16 * kD + 32) * 4;
   static constexpr int kMain = kStages * kStageBytes;
   // fp8: the ring starts on a 1024-byte boundary of a 1024-aligned base (the 128-byte swizzle atoms that the
   // sm_90a warpgroup MMA reads K and Q as), hence the padding and the extra 1024 bytes for aligning the base.
   static constexpr int kAlign = sizeof(KV) == 1 ? 1024 : 1;
-  static constexpr int kRingOff = (kQBytes + kListBytes + kAlign - 1) / kAlign * kAlign;
+  static constexpr int kRingOff = (kQBytes + kListBytes + kLutBytes + kAlign - 1) / kAlign * kAlign;
   static constexpr int kBytesTotal =
       kRingOff + (kMain > kMergeBytes ? kMain : kMergeBytes) + (kAlign > 1 ? kAlign : 0);
 };
@@ -193,6 +197,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   int* sPages = sTiles + 2 * kMaxTopk;                        // its page
   int* sIds = sTiles + 4 * kMaxTopk;                          // the token's slots
   int* sCount = sIds + kMaxTopk;
+  int* sMeta = sCount + 4;  // the guessed sequence's cache length, the layer
+  int* sLut = reinterpret_cast<int*>(smem + S::kQBytes + S::kListBytes);
   unsigned char* ring = smem + S::kRingOff;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -215,6 +221,22 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   const int topk = min(a.topk, kMaxTopk);
   const int32_t* ids = a.d_indices + (static_cast<int64_t>(hkv) * a.T + t) * a.topk;
   for (int i = tid; i < topk; i += kThreads) cp_async4(smem_addr(sIds + i), ids + i);
+  // The page-table entries wait for the slots and the slots' sequence for the row offsets: two memory latencies
+  // in a row before the first K/V copy. So the CTA guesses its sequence as if each held max_q rows (exact for
+  // decode batches), and copies that sequence's whole page-table row (when short enough) and cache length, and
+  // the layer, together with Q and the slots; a wrong guess falls back to reading them after the owner search.
+  const int b_guess = min(t / max(a.max_q, 1), a.B - 1);
+  const bool lut_whole = a.max_pages <= kMaxLutRow && b_guess >= 0;
+  if (b_guess >= 0) {
+    const int32_t* row = a.lookup + static_cast<int64_t>(b_guess) * a.max_pages;
+    if (lut_whole && (a.max_pages & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
+      for (int i = tid * 4; i < a.max_pages; i += kThreads * 4) cp_async16(smem_addr(sLut + i), row + i, true);
+    } else if (lut_whole) {
+      for (int i = tid; i < a.max_pages; i += kThreads) cp_async4(smem_addr(sLut + i), row + i);
+    }
+    if (tid == 0) cp_async4(smem_addr(sMeta), a.cache_lengths + b_guess);
+    if (tid == 1) cp_async4(smem_addr(sMeta + 1), a.layer_ptr);
+  }
   cp_async_commit();
 
   int64_t e0 = 0, e1 = 0;
@@ -227,14 +249,21 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     }
     return;
   }
+  const bool guessed = b == b_guess;  // a wrong guess reads the cache length and the page table from memory
+  const int32_t* lut_row = guessed && lut_whole ? sLut : a.lookup + static_cast<int64_t>(b) * a.max_pages;
+  const int cl_mem = guessed ? 0 : a.cache_lengths[b];
+  cp_async_wait<0>();  // Q, the slots, the guessed sequence's page-table row and cache length, the layer
+#if defined(MSA_OPS_SM90_WGMMA)
+  if constexpr (kWg) fence_proxy_async();  // Q's copies, before the warpgroup MMA reads them
+#endif
+  __syncthreads();
   const int64_t s_max = static_cast<int64_t>(a.max_pages) * kBlock;
-  const int64_t c = iclamp(a.cache_lengths[b], 0, s_max);
+  const int64_t c = iclamp(guessed ? sMeta[0] : cl_mem, 0, s_max);
   const int64_t p = c + (t - e0);
   const int64_t n_keys = c + (e1 - e0);
   const int kmax = static_cast<int>(imin(n_keys, s_max));
-  const int layer = *a.layer_ptr;
+  const int layer = sMeta[1];
   const bool layer_ok = layer >= 0 && layer < a.num_layers;
-  const int32_t* lut_row = a.lookup + static_cast<int64_t>(b) * a.max_pages;
 
   // Pages of the KV cache: K rows of head hkv at head_off in a page, V rows kv_half further.
   const unsigned char* kvb = static_cast<const unsigned char*>(a.kv);
@@ -251,11 +280,6 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   // ---- compact this partition's slots into tiles: valid id, first occurrence, key range before p.
   const int per = (topk + a.num_partitions - 1) / a.num_partitions;
   const int s_lo = min(topk, part * per), s_hi = min(topk, (part + 1) * per);
-  cp_async_wait<0>();  // Q and the slots
-#if defined(MSA_OPS_SM90_WGMMA)
-  if constexpr (kWg) fence_proxy_async();  // Q's copies, before the warpgroup MMA reads them
-#endif
-  __syncthreads();
   if (warp == 0) {
     int count = 0;
     for (int base = s_lo; base < s_hi; base += 32) {
