@@ -513,6 +513,29 @@ def test_cuda_msa_bad_values_and_cpu_agreement():
         assert np.abs(got - cpu).max() < 3e-2
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("lut_width", [8, 7, 1030])
+def test_cuda_msa_decode_page_table_widths(dtype, lut_width):
+    """Decode with a sequence of no rows in the middle of the batch (the later rows' owners are not their row
+    indices) and page tables of 7, 8 and 1030 entries a sequence, the entries past the pages in use junk. The
+    kernel reads the page-table row of the sequence it guesses (row t's) whole at its start when it has at most
+    1024 entries, by 16-byte copies when the width allows; a wrong guess or a longer row reads entries one by one
+    after the owner search."""
+    rng = np.random.default_rng(lut_width)
+    batch = RaggedBatch([1, 1, 0, 1, 1, 1], [int(x) for x in rng.integers(1, 600, 6)], 7)
+    hkv, group, topk = 2, 4, 16
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=128, max_pages=5,
+                             n_kv_heads=hkv, head_dim=128, dtype=dtype)
+    nb = cache.kv_blocks.shape[0]
+    lut = np.concatenate([cache.lut, rng.choice(np.array([-1, nb, 0, nb - 1]), (batch.B, lut_width - 5))], axis=1)
+    lut = lut.astype(np.int32)
+    q = rand(rng, (batch.T, hkv * group, 128), dtype)
+    ids = rng.integers(-1, 8, (hkv, batch.T, topk)).astype(np.int32)
+    args = (q, batch.offsets, None, cache.kv_blocks, batch.cache_lengths, lut, 1, ids)
+    got = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)(*args)
+    assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(dtype))
+
+
 # The prefill route's block-reusing kernel (msa_prefill_sm90.cuh; bf16 on sm_90): 128-row tiles of up to 128
 # tokens, the union of their selections planned on the device in chunks of 512 blocks.
 MSA_PREFILL_CASES = [  # (pattern, group, topk, n per sequence, cache per sequence, max_pages, padding rows)
