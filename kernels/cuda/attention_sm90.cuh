@@ -698,7 +698,14 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     fence_regs<ND * 4>(o);
   }
 
-  wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, part, l_run, m_run, o, lane);
+  if (a.num_partitions <= 1) {  // the warp's rows leave through its own rows of the Q tile (the MSA kernel's way)
+    unsigned char* stage = sbase + warp_row0 * 128;
+    wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, hkv, l_run, m_run, o, lane, stage, BM * 128);
+    __syncwarp();
+    warp_store_staged<T, D>(a, st, rows_seq, warp_row0, hkv, lane, stage, BM * 128);
+  } else {
+    wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, part, l_run, m_run, o, lane);
+  }
 #else
   __trap();  // launched only on sm_90 (see launch_attention)
 #endif
