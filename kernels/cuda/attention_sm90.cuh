@@ -452,6 +452,17 @@ __device__ __forceinline__ void warp_store_staged(const AttentionArgs& a, const 
   }
 }
 
+// Both steps: the warp's 16 rows of an unsplit call to the output through its `stage` (the warp's own rows of a
+// finished Q tile: BM rows of 128 bytes per 64 columns), the __syncwarp between them included.
+template <typename T, int D, int BM>
+__device__ __forceinline__ void wg_store_rows_staged(const AttentionArgs& a, const SeqTile& st, int rows_seq,
+                                                     int warp_row0, int hkv, float* l_run, const float* m_run,
+                                                     const float* o, int lane, unsigned char* stage) {
+  wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, hkv, l_run, m_run, o, lane, stage, BM * 128);
+  __syncwarp();
+  warp_store_staged<T, D>(a, st, rows_seq, warp_row0, hkv, lane, stage, BM * 128);
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm) {
 #if defined(MSA_OPS_SM90_WGMMA)
@@ -699,10 +710,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   }
 
   if (a.num_partitions <= 1) {  // the warp's rows leave through its own rows of the Q tile (the MSA kernel's way)
-    unsigned char* stage = sbase + warp_row0 * 128;
-    wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, hkv, l_run, m_run, o, lane, stage, BM * 128);
-    __syncwarp();
-    warp_store_staged<T, D>(a, st, rows_seq, warp_row0, hkv, lane, stage, BM * 128);
+    wg_store_rows_staged<T, D, BM>(a, st, rows_seq, warp_row0, hkv, l_run, m_run, o, lane, sbase + warp_row0 * 128);
   } else {
     wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, part, l_run, m_run, o, lane);
   }

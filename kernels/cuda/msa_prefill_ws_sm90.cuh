@@ -510,9 +510,7 @@ __global__ void __launch_bounds__(384, 1)
       // The rows leave through the warp's own rows of the Q buffer (its last Q K^T has completed; no other warp
       // touches them), and the buffer is handed back once this thread's stores have read it.
       unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
-      wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, it.hkv, l_run, m_run, o, lane, stage, BM * 128);
-      __syncwarp();
-      warp_store_staged<T, D>(a, st, rows_seq, warp_row0, it.hkv, lane, stage, BM * 128);
+      wg_store_rows_staged<T, D, BM>(a, st, rows_seq, warp_row0, it.hkv, l_run, m_run, o, lane, stage);
       fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
       mbar_arrive(bar(C::kBarQEmpty + qb));
       ++qi;
