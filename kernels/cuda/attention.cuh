@@ -108,6 +108,33 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {  // all 16 bytes exist
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
+// Copies of K/V that a decode kernel reads exactly once can carry an L2 policy that evicts their lines first, so
+// the stream does not push out what is read again (page tables, offsets, Q). On the H200 this took split-K decode
+// at B=1/128k up 2.6% and B=4/64k 0.5% (benchmarks/NOTES_mha.md v22).
+// The destination is the generic address of the shared-memory bytes, converted inside the asm: from a 32-bit
+// shared address that is a uniform base plus a register, ptxas (CUDA 13.0, sm_90a) may emit the hinted copy as
+// `LDGSTS [Rx+UR0], desc[UR1]`, a form with which a kernel faulted on the H200 (NOTES_mha v21).
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// 16 bytes (or, valid false, 16 zero bytes) from src to the shared-memory bytes at dst, with an L2 cache policy.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid, uint64_t policy) {
+  const int n = valid ? 16 : 0;
+  asm volatile(
+      "{\n.reg .u64 a;\n.reg .u32 s;\ncvta.to.shared.u64 a, %0;\ncvt.u32.u64 s, a;\n"
+      "cp.async.cg.shared.global.L2::cache_hint [s], [%1], 16, %2, %3;\n}\n" ::"l"(dst), "l"(src), "r"(n), "l"(policy));
+}
+// A K/V copy: streamed (kStream, with the evict-first policy) or with the default policy.
+// dst: the generic address of the destination (the streamed copy converts it in its asm), dst_s: the same as a
+// shared-memory address (the other copy).
+template <bool kStream>
+__device__ __forceinline__ void cp_async16_kv(void* dst, uint32_t dst_s, const void* src, bool valid,
+                                              uint64_t policy) {
+  if constexpr (kStream) cp_async16(dst, src, valid, policy);
+  else cp_async16(dst_s, src, valid);
+}
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {  // 4 bytes (through L1: .ca)
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
@@ -769,7 +796,11 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     }
     return p;
   };
+  // Decode tiles (16 rows or fewer: the group's heads packed, so each K/V byte is read by one CTA) stream their K/V,
+  // except in the cluster-merge kernel (2.5% slower with the policy on the H200, NOTES_mha v22).
+  constexpr bool kStream = BLOCK_M <= kHeadsFastestRows && !kCluster;
   auto load_tile = [&](int tile, int stage, int32_t entry) {
+    const uint64_t pol = kStream ? l2_evict_first() : 0;
     T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
     T* sV = sK + Cfg::kKvTileElems;
     int* valid = sValid + stage * (BN + RSTEP);
@@ -794,8 +825,9 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
                                                  slot * row_stride) * static_cast<int64_t>(sizeof(T)))
                        : 0);
         const int off = SwizzledTile<D>::offset(my_row + i * RSTEP, my_ch);
-        cp_async16(smem_addr(sK + off), reinterpret_cast<const void*>(src), ok);
-        cp_async16(smem_addr(sV + off), reinterpret_cast<const void*>(src + kv_half * sizeof(T)), ok);
+        cp_async16_kv<kStream>(sK + off, smem_addr(sK + off), reinterpret_cast<const void*>(src), ok, pol);
+        cp_async16_kv<kStream>(sV + off, smem_addr(sV + off),
+                               reinterpret_cast<const void*>(src + kv_half * sizeof(T)), ok, pol);
         count += ok ? 1 : 0;
         if (my_ch == 0) valid[my_row + i * RSTEP] = ok ? 1 : 0;
       }
@@ -835,11 +867,11 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     for (int i = 0; i < NPASS; ++i) {
       const int off = SwizzledTile<D>::offset(my_row + i * RSTEP, my_ch);
       if (a.kv_mode == kKvPaged) {
-        cp_async16(smem_addr(sK + off), kvb + src[i], ok[i]);
-        cp_async16(smem_addr(sV + off), kvb + src[i] + kv_half, ok[i]);
+        cp_async16_kv<kStream>(sK + off, smem_addr(sK + off), kvb + src[i], ok[i], pol);
+        cp_async16_kv<kStream>(sV + off, smem_addr(sV + off), kvb + src[i] + kv_half, ok[i], pol);
       } else {
-        cp_async16(smem_addr(sK + off), kc + src[i], ok[i]);
-        cp_async16(smem_addr(sV + off), vc + src[i], ok[i]);
+        cp_async16_kv<kStream>(sK + off, smem_addr(sK + off), kc + src[i], ok[i], pol);
+        cp_async16_kv<kStream>(sV + off, smem_addr(sV + off), vc + src[i], ok[i], pol);
       }
       count += ok[i] ? 1 : 0;
       if (my_ch == 0) valid[my_row + i * RSTEP] = ok[i] ? 1 : 0;
