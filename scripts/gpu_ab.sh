@@ -14,6 +14,9 @@ PY=${PY:-python3}
 AB_DIR=${AB_DIR:?AB_DIR: folders of replacement kernel files (space-separated)}
 AB_CMD=${AB_CMD:?AB_CMD: the command to run against each build}
 ROUNDS=${ROUNDS:-2}
+# AB_ROOT: the repository root, for commands that run in a variant's copied tree (which holds only msa_ops, tests,
+# benchmarks and scripts): `AB_CMD='bash $AB_ROOT/my_cmd.sh'`.
+export AB_ROOT=$PWD
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 build() {  # build SRC_DIR BUILD_DIR
   cmake -S "$1" -B "$2" -G Ninja -DPython_EXECUTABLE="$(command -v "$PY")" -DMSA_OPS_CUDA_ARCHS=90a \
