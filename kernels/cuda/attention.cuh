@@ -98,6 +98,12 @@ struct Mma<__half> {
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
 
+// An attention sink's term in a softmax denominator whose running max (log2 units) is m: 2^(sink * log2(e) - m).
+template <typename T>
+__device__ __forceinline__ float sink_term(const T* sink, int h, float m) {
+  return exp2f(sink_log2(Mma<T>::to_float(sink[h])) - m);
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -367,7 +373,7 @@ __device__ __forceinline__ void store_row(const AttentionArgs& a, int64_t qrow, 
     T* out = static_cast<T*>(a.out);
     const T* sink = static_cast<const T*>(a.sink);
     float den = l;
-    if (sink != nullptr && any) den += exp2f(sink_log2(M::to_float(sink[h])) - m);
+    if (sink != nullptr && any) den += sink_term(sink, h, m);
     const float inv = any ? 1.f / den : 0.f;
 #pragma unroll
     for (int j = 0; j < ND; ++j) {
@@ -1062,7 +1068,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
         store_out(res, 1.f);
     } else if (a.num_partitions <= 1) {
       float den = lt;
-      if (sink != nullptr && any) den += exp2f(sink_log2(M::to_float(sink[h])) - mt);
+      if (sink != nullptr && any) den += sink_term(sink, h, mt);
       store_out(acc, any ? 1.f / den : 0.f);
     } else {
       const float inv = any ? 1.f / lt : 0.f;
@@ -1373,7 +1379,7 @@ __global__ void __launch_bounds__(D) split_k_combine_kernel(const AttentionArgs 
     for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffff, den, off);
     if (d == 0) {
       const T* sink = static_cast<const T*>(a.sink);
-      if (sink != nullptr && m != -INFINITY) den += exp2f(sink_log2(M::to_float(sink[h])) - m);
+      if (sink != nullptr && m != -INFINITY) den += sink_term(sink, h, m);
       scale_s[0] = m;
       scale_s[1] = den > 0.f ? 1.f / den : 0.f;
     }

@@ -398,7 +398,7 @@ __device__ __forceinline__ void wg_stage_rows(const AttentionArgs& a, const SeqT
     const bool any = l_run[i] > 0.f;
     float den = l_run[i];
     if (sink != nullptr && any && pr < rows_seq)
-      den += exp2f(sink_log2(M::to_float(sink[hkv * a.group + pr % a.group])) - m_run[i]);
+      den += sink_term(sink, hkv * a.group + pr % a.group, m_run[i]);
     const float inv = any ? 1.f / den : 0.f;
 #pragma unroll
     for (int j = 0; j < ND; ++j)
