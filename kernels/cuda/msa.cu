@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   if (b_guess >= 0) {
     const int32_t* row = a.lookup + static_cast<int64_t>(b_guess) * a.max_pages;
     if (lut_whole && (a.max_pages & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
-      for (int i = tid * 4; i < a.max_pages; i += kThreads * 4) cp_async16(smem_addr(sLut + i), row + i, true);
+      for (int i = tid * 4; i < a.max_pages; i += kThreads * 4) cp_async16(smem_addr(sLut + i), row + i);
     } else if (lut_whole) {
       for (int i = tid; i < a.max_pages; i += kThreads) cp_async4(smem_addr(sLut + i), row + i);
     }
