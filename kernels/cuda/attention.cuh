@@ -1349,16 +1349,47 @@ __global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
 }
 
 // Split-K: owned rows merge their partitions in log2 space, the sink entering once; unowned rows output 0.
-// Grid (rows, H), D threads: thread d of block (t, h) writes out[t, h, d].
+// Grid (rows, H), D threads: thread d of block (t, h) writes out[t, h, d]. Each thread asks for its column of the
+// first kCombineAhead partials before the block's one barrier, so that they arrive together with the owner test
+// (warp 1) and the log2-sum-exps (warp 0) (one memory latency for the block rather than one per partition).
+constexpr int kCombineAhead = 32;
 template <typename T, int D>
 __global__ void __launch_bounds__(D) split_k_combine_kernel(const AttentionArgs a) {
   using M = Mma<T>;
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   __shared__ int owned_s;
-  __shared__ float scale_s[2];  // m, 1 / denominator
-  if (d < 32) {
+  __shared__ float scale_s[2];               // m, 1 / denominator
+  __shared__ float w_s[kCombineAhead];       // weights of the first partitions, the denominator folded in
+  const int np = a.num_partitions;
+  const int64_t lse_stride = static_cast<int64_t>(a.total_rows) * a.H;
+  const float* lse = a.ws_lse + static_cast<int64_t>(t) * a.H + h;
+  const float* o = a.ws_o + (static_cast<int64_t>(t) * a.H + h) * D + d;  // partition p: o[p * lse_stride * D]
+  float v[kCombineAhead];
+#pragma unroll
+  for (int j = 0; j < kCombineAhead; ++j) v[j] = j < np ? o[j * lse_stride * D] : 0.f;
+  if (d >= 32 && d < 64) {  // warp 1: the owner test
     const bool owned = row_owned(a, t);
-    if (d == 0) owned_s = owned ? 1 : 0;
+    if (d == 32) owned_s = owned ? 1 : 0;
+  } else if (d < 32) {  // warp 0: the partitions' log2-sum-exps
+    float m = -INFINITY;
+    for (int p = d; p < np; p += 32) m = fmaxf(m, lse[p * lse_stride]);
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, off));
+    float den = 0.f, w = 0.f;
+    if (m != -INFINITY)
+      for (int p = d; p < np; p += 32) {
+        const float e = exp2f(lse[p * lse_stride] - m);
+        den += e;
+        if (p == d) w = e;
+      }
+    for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffff, den, off);
+    const T* sink = static_cast<const T*>(a.sink);
+    if (sink != nullptr && m != -INFINITY) den += sink_term(sink, h, m);
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    if (d < kCombineAhead) w_s[d] = w * inv;
+    if (d == 0) {
+      scale_s[0] = m;
+      scale_s[1] = inv;
+    }
   }
   __syncthreads();
   T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(t) * a.H + h) * D;
@@ -1366,35 +1397,15 @@ __global__ void __launch_bounds__(D) split_k_combine_kernel(const AttentionArgs 
     out[d] = M::from_float(0.f);
     return;
   }
-  const int np = a.num_partitions;
-  const int64_t lse_stride = static_cast<int64_t>(a.total_rows) * a.H;
-  const float* lse = a.ws_lse + static_cast<int64_t>(t) * a.H + h;
-  if (d < 32) {  // one warp reduces the partitions' log2-sum-exps
-    float m = -INFINITY;
-    for (int p = d; p < np; p += 32) m = fmaxf(m, lse[p * lse_stride]);
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, off));
-    float den = 0.f;
-    if (m != -INFINITY)
-      for (int p = d; p < np; p += 32) den += exp2f(lse[p * lse_stride] - m);
-    for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffff, den, off);
-    if (d == 0) {
-      const T* sink = static_cast<const T*>(a.sink);
-      if (sink != nullptr && m != -INFINITY) den += sink_term(sink, h, m);
-      scale_s[0] = m;
-      scale_s[1] = den > 0.f ? 1.f / den : 0.f;
-    }
-  }
-  __syncthreads();
+  float acc = 0.f;  // a partition of no keys (weight 0) is skipped, whatever its partial holds; NaN propagates
+#pragma unroll
+  for (int j = 0; j < kCombineAhead; ++j) acc = j < np && w_s[j] != 0.f ? fmaf(w_s[j], v[j], acc) : acc;
   const float m = scale_s[0], inv = scale_s[1];
-  float acc = 0.f;
-  if (m != -INFINITY) {
-    for (int p = 0; p < np; ++p) {
-      const float l = lse[p * lse_stride];
-      if (l == -INFINITY) continue;
-      acc += exp2f(l - m) * a.ws_o[(p * lse_stride + static_cast<int64_t>(t) * a.H + h) * D + d];
-    }
+  for (int p = kCombineAhead; p < np; ++p) {
+    const float w = m != -INFINITY ? exp2f(lse[p * lse_stride] - m) * inv : 0.f;
+    if (w != 0.f) acc = fmaf(w, o[p * lse_stride * D], acc);
   }
-  out[d] = M::from_float(acc * inv);
+  out[d] = M::from_float(acc);
 }
 
 }  // namespace cuda
