@@ -279,7 +279,9 @@ def test_cuda_mha_unowned_rows_are_zero(group, n_tok, hint, np_):
 def test_cuda_split_k_cluster_merge_and_combine(merge, monkeypatch):
     """Decode split 2..8 ways with 8-row tiles (dense) or groups of at most 8 heads (MSA): the partitions of a tile
     merge inside their thread-block cluster (sm_90+), or with MSA_OPS_CLUSTER_MERGE=0 through the workspace and
-    the combine kernel. Both match the oracle: dense with sinks, a sliding window and rows owned by no sequence
+    the combine kernel; dense split 40 and 48 ways merges in the combine kernel, past the 32 partials it asks for
+    ahead (at 40 most partitions are empty, at 48 every one of the long sequence holds keys). Both match the
+    oracle: dense with sinks, a sliding window and rows owned by no sequence
     (output poisoned first), MSA in bf16 and fp8."""
     monkeypatch.setenv("MSA_OPS_CLUSTER_MERGE", merge)
     rng = np.random.default_rng(31)
@@ -296,13 +298,21 @@ def test_cuda_split_k_cluster_merge_and_combine(merge, monkeypatch):
     args = (q, offs, nan_past_keys(pc, cache, n, page), np.asarray(cache, np.int32), pc.lut, 1)
     kw = dict(mask_str="sliding_window_causal", local_window_size=300)
     want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
-    for np_ in (2, 5, 8):
+    for np_ in (2, 5, 8, 40):
         plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=np_, max_prompt_length=1, **kw)
         assert plan.tile_m == 8 and plan.num_partitions == np_
         f = jax.jit(lambda *a, np_=np_: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=np_,
                                                                  max_prompt_length=1, implementation="native", **kw))
         got = run_on_poisoned_output(f, args, (T, h, d), lead, tail)
         assert_close(got, want, budget_for(jnp.bfloat16))
+    cache2 = [3040, 17]  # 3041 keys in 48 partitions of 64 (the last 33), and a short sequence
+    pc2 = make_paged_cache(rng, [c + 1 for c in cache2], page_size=64, max_pages=48, n_kv_heads=hkv, head_dim=d,
+                           dtype=jnp.bfloat16)
+    args2 = (rand(rng, (2, h, d), jnp.bfloat16), np.arange(3, dtype=np.int32), pc2.kv_blocks,
+             np.asarray(cache2, np.int32), pc2.lut, 1)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=48, mask_str="causal",
+                                                      implementation="native"))(*args2)
+    assert_close(got, oracle.mha_ragged_paged(*args2, sink_weights=sink, mask_str="causal"), budget_for(jnp.bfloat16))
     for dtype in (jnp.bfloat16, jnp.float8_e4m3fn):
         batch, mc, mq, ids = _msa_case(np.random.default_rng(32), "decode", 4, 16, dtype)
         margs = (mq, batch.offsets, None, mc.kv_blocks, batch.cache_lengths, mc.lut, 1, ids)
