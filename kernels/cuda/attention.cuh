@@ -651,10 +651,10 @@ bool launch_cluster_merge(void (*kernel)(KArgs...), int np, dim3 grid, size_t sm
 }
 
 // Rows owned by no sequence (ragged queries: [0, lo) and [hi, T), lo = offsets[0] and hi = the end of the
-// repaired offsets, both clamped) output 0. Unsplit, the attention kernel's spare CTAs (x tiles past the last
-// tile) write them, so no second launch is needed: the grid has B + ceil(T * group / BLOCK_M) x tiles and the
-// sequences use fewer than owned * group / BLOCK_M + B, so at least one x tile is spare whenever a row is
-// unowned. Spare x tile `spare` of `n_spare` zeroes the kv head's group of heads of every n_spare-th unowned row.
+// repaired offsets, both clamped) output 0. Unsplit or merged in a cluster, the attention kernel's spare CTAs
+// (x tiles past the last tile) write them, so no second launch is needed: the launch adds at least one x tile to
+// a bound on the tiles the sequences use (mha.cu, ragged_tiles). Spare x tile `spare` of `n_spare` zeroes the kv
+// head's group of heads of every n_spare-th unowned row.
 template <typename T, int D>
 __device__ __forceinline__ void zero_unowned_ragged(const AttentionArgs& a, int spare, int n_spare, int hkv,
                                                      int64_t hi) {

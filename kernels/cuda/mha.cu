@@ -4,9 +4,11 @@
 // every handler is declared command-buffer (CUDA graph) compatible.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 
 #include "attention.cuh"
@@ -45,6 +47,17 @@ Error check_launch(const char* target) {
   X(__half, 128, 64, 2)               \
   X(__half, 128, 128, 2)
 
+// Ragged queries: a bound on the x tiles that sequences use. Sequence b needs ceil(n_b * group / bm) tiles for its
+// n_b rows; n_b * group and bm are multiples of d = gcd(group, bm), so that is at most (n_b * group + bm - d) / bm.
+// At most min(B, T) sequences have rows, and their rows sum to at most T (the repaired offsets), so the tiles are
+// at most (T * group + min(B, T) * (bm - d)) / bm: exact for a decode batch (one row per sequence).
+int64_t ragged_tiles(int64_t T, int64_t B, int64_t group, int64_t bm) {
+  return B <= 0 ? 0 : (T * group + std::min(B, T) * (bm - std::gcd(group, bm))) / bm;
+}
+// Spare x tiles for zeroing unowned rows: one, and one more per this many query rows (each spare CTA zeroes its kv
+// head's heads of every n-th unowned row).
+constexpr int kRowsPerSpareTile = 64;
+
 template <typename T, int D, int BM, int STAGES>
 Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, const char* target) {
   using Cfg = AttentionConfig<T, D, BM, STAGES>;
@@ -65,9 +78,15 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
   bool zeroed = false;     // rows owned by no sequence written by the attention kernel (spare CTAs)
   if (grid_x > 0 && !launched) {
     auto kernel = attention_kernel<T, D, BM, STAGES>;
-    if (BM <= kHeadsFastestRows && static_cast<int64_t>(grid_x) * a.Hkv > INT32_MAX)
+    // Ragged queries: x tiles past the tile bound, whose CTAs zero the rows owned by no sequence where the kernel
+    // merges every partition (one, or a cluster); the combine kernel zeroes them after a split launched here.
+    const int spare = a.q_mode == kQPadded ? 0 : 1 + a.total_rows / kRowsPerSpareTile;
+    if (static_cast<int64_t>(grid_x + spare) * (BM <= kHeadsFastestRows ? a.Hkv : 1) > INT32_MAX)
       return invalid(target, "too many query tiles x kv heads for one launch");
-    const dim3 g = BM <= kHeadsFastestRows ? dim3(grid_x * a.Hkv, 1, grid.z) : grid;
+    const auto tiles = [&](int x) {
+      return BM <= kHeadsFastestRows ? dim3(x * a.Hkv, 1, grid.z) : dim3(x, a.Hkv, grid.z);
+    };
+    dim3 g = tiles(grid_x + spare);
     // 8-row (decode) tiles split in two: each tile's partitions form a cluster and merge in the kernel.
     if constexpr (Cfg::kTransposed) {
       // Pages smaller than a key tile: the kernels with the small-page loader (attention_kernel's kSmallPages).
@@ -78,6 +97,7 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
                                        a.num_partitions, g, Cfg::kSmemBytes, stream, a);
     }
     if (!clustered) {
+      if (a.num_partitions > 1) g = tiles(grid_x);  // (split: no spare tiles)
       // Attribute set per launch (cheap, idempotent, no synchronization).
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
       kernel<<<g, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
@@ -195,8 +215,9 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   if (has_sink) a.sink = sink.untyped_data();
   if (Error e = set_workspace(target, a, ws_o, ws_lse, T); e.failure()) return e;
   const int bm = tile_height(tile_m, T - B + 1, a.group);
-  const int grid_x = B == 0 ? 0 : static_cast<int>(B + ceil_div(T * a.group, bm));
-  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
+  const int64_t tiles = ragged_tiles(T, B, a.group, bm);
+  if (tiles + 1 + T / kRowsPerSpareTile > INT32_MAX) return invalid(target, "too many query tiles for one launch");
+  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, static_cast<int>(tiles), target);
 }
 
 Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer cache_lengths, AnyBuffer lut,
@@ -247,8 +268,9 @@ Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.kv_offsets = static_cast<const int32_t*>(kv_offsets.untyped_data());
   a.total_keys = static_cast<int>(dim(k, 0));
   const int bm = tile_height(0, T - B + 1, a.group);
-  const int grid_x = B == 0 ? 0 : static_cast<int>(B + ceil_div(T * a.group, bm));
-  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
+  const int64_t tiles = ragged_tiles(T, B, a.group, bm);
+  if (tiles + 1 + T / kRowsPerSpareTile > INT32_MAX) return invalid(target, "too many query tiles for one launch");
+  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, static_cast<int>(tiles), target);
 }
 
 Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer valid_length,
