@@ -87,14 +87,16 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       return BM <= kHeadsFastestRows ? dim3(x * a.Hkv, 1, grid.z) : dim3(x, a.Hkv, grid.z);
     };
     dim3 g = tiles(grid_x + spare);
-    // 8-row (decode) tiles split in two: each tile's partitions form a cluster and merge in the kernel.
     if constexpr (Cfg::kTransposed) {
       // Pages smaller than a key tile: the kernels with the small-page loader (attention_kernel's kSmallPages).
-      const bool small = a.kv_mode == kKvPaged && a.page_size < Cfg::kBlockN;
-      if (small) kernel = attention_kernel<T, D, BM, STAGES, false, true>;
-      clustered = launch_cluster_merge(small ? attention_kernel<T, D, BM, STAGES, true, true>
-                                             : attention_kernel<T, D, BM, STAGES, true>,
-                                       a.num_partitions, g, Cfg::kSmemBytes, stream, a);
+      // Split in two, their partitions form a cluster and merge in the kernel. Larger pages merge in the combine
+      // kernel, whose route read 0.985-0.986x cuDNN at B=16 / 16k on an H200 against the cluster's 0.976-0.978
+      // (at page 16, 0.950-0.951 against 0.959-0.960; benchmarks/NOTES_mha.md v24).
+      if (a.kv_mode == kKvPaged && a.page_size < Cfg::kBlockN) {
+        kernel = attention_kernel<T, D, BM, STAGES, false, true>;
+        clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true, true>, a.num_partitions, g,
+                                         Cfg::kSmemBytes, stream, a);
+      }
     }
     if (!clustered) {
       if (a.num_partitions > 1) g = tiles(grid_x);  // (split: no spare tiles)
