@@ -32,15 +32,18 @@ def main():
     ap.add_argument("--contiguous", action="store_true",
                     help="also time our kernel on cuDNN's contiguous K/V (mo.mha.padded.no_cache, one query row)")
     ap.add_argument("--batches", default="", help="comma list of the points' B to run (default: all)")
+    ap.add_argument("--pages", default="", help="comma list of page sizes for every point (default: each point's)")
     args = ap.parse_args()
     keep = {int(x) for x in args.batches.split(",") if x}
     npart = args.num_partitions
     gpu_mha.IDENTITY_PAGES = args.identity_pages
     rng = np.random.default_rng(0)
     out = []
+    only_pages = tuple(int(x) for x in args.pages.split(",") if x)
     for b, n, pages in POINTS:
         if keep and b not in keep:
             continue
+        pages = only_pages or pages
         cud = None
         for page in pages:
             q, k, v, kv, lut = decode_case(b, n, page, rng)
