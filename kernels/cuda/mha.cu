@@ -54,9 +54,9 @@ Error check_launch(const char* target) {
 int64_t ragged_tiles(int64_t T, int64_t B, int64_t group, int64_t bm) {
   return B <= 0 ? 0 : (T * group + std::min(B, T) * (bm - std::gcd(group, bm))) / bm;
 }
-// Spare x tiles for zeroing unowned rows: one, and one more per this many query rows (each spare CTA zeroes its kv
-// head's heads of every n-th unowned row).
-constexpr int kRowsPerSpareTile = 64;
+// Spare x tiles of a ragged call of T query rows, for zeroing unowned rows: one, and one more per 64 rows (each spare
+// CTA zeroes its kv head's heads of every n-th unowned row).
+int64_t spare_tiles(int64_t T) { return 1 + T / 64; }
 
 template <typename T, int D, int BM, int STAGES>
 Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, const char* target) {
@@ -80,7 +80,7 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     auto kernel = attention_kernel<T, D, BM, STAGES>;
     // Ragged queries: x tiles past the tile bound, whose CTAs zero the rows owned by no sequence where the kernel
     // merges every partition (one, or a cluster); the combine kernel zeroes them after a split launched here.
-    const int spare = a.q_mode == kQPadded ? 0 : 1 + a.total_rows / kRowsPerSpareTile;
+    const int spare = a.q_mode == kQPadded ? 0 : static_cast<int>(spare_tiles(a.total_rows));
     if (static_cast<int64_t>(grid_x + spare) * (BM <= kHeadsFastestRows ? a.Hkv : 1) > INT32_MAX)
       return invalid(target, "too many query tiles x kv heads for one launch");
     const auto tiles = [&](int x) {
@@ -125,6 +125,15 @@ Error dispatch(cudaStream_t stream, DataType dt, int d, int bm, const AttentionA
   MSA_OPS_ATTENTION_CONFIGS(MSA_OPS_DISPATCH)
 #undef MSA_OPS_DISPATCH
   return invalid(target, "no CUDA kernel for dtype/head_dim " + std::to_string(d) + " (supported: bf16/f16, 64/128)");
+}
+
+// A ragged call of T rows and B sequences over ragged_tiles x tiles, refused where they and the spare tiles would
+// not fit an int.
+Error dispatch_ragged(cudaStream_t stream, DataType dt, int d, int bm, const AttentionArgs& a, int64_t T, int64_t B,
+                      const char* target) {
+  const int64_t tiles = ragged_tiles(T, B, a.group, bm);
+  if (tiles + spare_tiles(T) > INT32_MAX) return invalid(target, "too many query tiles for one launch");
+  return dispatch(stream, dt, d, bm, a, static_cast<int>(tiles), target);
 }
 
 bool same_shape(const AnyBuffer& x, const AnyBuffer& y) {
@@ -217,9 +226,7 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   if (has_sink) a.sink = sink.untyped_data();
   if (Error e = set_workspace(target, a, ws_o, ws_lse, T); e.failure()) return e;
   const int bm = tile_height(tile_m, T - B + 1, a.group);
-  const int64_t tiles = ragged_tiles(T, B, a.group, bm);
-  if (tiles + 1 + T / kRowsPerSpareTile > INT32_MAX) return invalid(target, "too many query tiles for one launch");
-  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, static_cast<int>(tiles), target);
+  return dispatch_ragged(stream, q.element_type(), static_cast<int>(D), bm, a, T, B, target);
 }
 
 Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer cache_lengths, AnyBuffer lut,
@@ -270,9 +277,7 @@ Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.kv_offsets = static_cast<const int32_t*>(kv_offsets.untyped_data());
   a.total_keys = static_cast<int>(dim(k, 0));
   const int bm = tile_height(0, T - B + 1, a.group);
-  const int64_t tiles = ragged_tiles(T, B, a.group, bm);
-  if (tiles + 1 + T / kRowsPerSpareTile > INT32_MAX) return invalid(target, "too many query tiles for one launch");
-  return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, static_cast<int>(tiles), target);
+  return dispatch_ragged(stream, q.element_type(), static_cast<int>(D), bm, a, T, B, target);
 }
 
 Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer valid_length,
