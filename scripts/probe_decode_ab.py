@@ -35,11 +35,11 @@ def main():
     ap.add_argument("--pages", default="", help="comma list of page sizes for every point (default: each point's)")
     args = ap.parse_args()
     keep = {int(x) for x in args.batches.split(",") if x}
+    only_pages = tuple(int(x) for x in args.pages.split(",") if x)
     npart = args.num_partitions
     gpu_mha.IDENTITY_PAGES = args.identity_pages
     rng = np.random.default_rng(0)
     out = []
-    only_pages = tuple(int(x) for x in args.pages.split(",") if x)
     for b, n, pages in POINTS:
         if keep and b not in keep:
             continue
