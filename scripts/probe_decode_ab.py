@@ -33,6 +33,9 @@ def main():
                     help="also time our kernel on cuDNN's contiguous K/V (mo.mha.padded.no_cache, one query row)")
     ap.add_argument("--batches", default="", help="comma list of the points' B to run (default: all)")
     ap.add_argument("--pages", default="", help="comma list of page sizes for every point (default: each point's)")
+    ap.add_argument("--points", default="",
+                    help="comma list of BxL points (e.g. 32x8192) to run instead of the benchmark's, page 128 unless "
+                         "--pages says otherwise")
     args = ap.parse_args()
     keep = {int(x) for x in args.batches.split(",") if x}
     only_pages = tuple(int(x) for x in args.pages.split(",") if x)
@@ -40,7 +43,10 @@ def main():
     gpu_mha.IDENTITY_PAGES = args.identity_pages
     rng = np.random.default_rng(0)
     out = []
-    for b, n, pages in POINTS:
+    points = POINTS
+    if args.points:
+        points = [(int(bx), int(lx), (128,)) for bx, lx in (p.split("x") for p in args.points.split(","))]
+    for b, n, pages in points:
         if keep and b not in keep:
             continue
         pages = only_pages or pages
