@@ -323,6 +323,34 @@ def test_cuda_split_k_cluster_merge_and_combine(merge, monkeypatch):
             assert_close(got, mwant, budget_for(dtype))
 
 
+@pytest.mark.parametrize("dtype,d,group,page", [(jnp.bfloat16, 128, 4, 128), (jnp.float16, 64, 8, 16),
+                                                 (jnp.bfloat16, 128, 16, 16)])
+def test_cuda_mha_decode_more_ctas_than_slots(dtype, d, group, page):
+    """An unsplit decode batch of more CTAs than the GPU holds at once (300 sequences x 2 kv heads, so later CTAs
+    start in slots that earlier ones leave): 8-row tiles at pages 128 and 16, the 16-row tile at group 16. Ragged
+    cache lengths (0, a page boundary, one key), page-table tails of junk, NaN past each sequence's keys, three
+    rows owned by no sequence, a sink and a sliding window on one run."""
+    rng = np.random.default_rng(41 + group + page)
+    hkv, b = 2, 300
+    cache = [int(x) for x in rng.integers(0, 700, b)]
+    cache[:4] = [0, page - 1, page, 1]
+    n = [1] * b
+    batch = RaggedBatch(n, cache, b + 3)
+    h = hkv * group
+    pc = make_paged_cache(rng, [c + 1 for c in cache], page_size=page, max_pages=-(-701 // page), n_kv_heads=hkv,
+                          head_dim=d, dtype=dtype)
+    q = rand(rng, (batch.T, h, d), dtype)
+    sink = rand(rng, (h,), dtype)
+    args = (q, batch.offsets, nan_past_keys(pc, cache, n, page), batch.cache_lengths, pc.lut, 1)
+    for kw, sk in ((dict(mask_str="causal"), None),
+                   (dict(mask_str="sliding_window_causal", local_window_size=200), sink)):
+        plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=1, max_prompt_length=1, **kw)
+        assert plan.tile_m == (16 if group > 8 else 8) and plan.num_partitions == 1
+        got = jax.jit(lambda *a, kw=kw, sk=sk: msa_ops.mha_ragged_paged(
+            *a, sink_weights=sk, num_partitions=1, max_prompt_length=1, implementation="native", **kw))(*args)
+        assert_close(got, oracle.mha_ragged_paged(*args, sink_weights=sk, **kw), budget_for(dtype))
+
+
 @pytest.mark.parametrize("np_", [0, 1, 5])
 @pytest.mark.parametrize("mask", ["causal", "null", "chunked_causal"])
 def test_cuda_mha_padded_paged_matches_oracle(np_, mask):
