@@ -329,7 +329,7 @@ def test_cuda_mha_decode_more_ctas_than_slots(dtype, d, group, page):
     """An unsplit decode batch of more CTAs than the GPU holds at once (300 sequences x 2 kv heads, so later CTAs
     start in slots that earlier ones leave): 8-row tiles at pages 128 and 16, the 16-row tile at group 16. Ragged
     cache lengths (0, a page boundary, one key), page-table tails of junk, NaN past each sequence's keys, three
-    rows owned by no sequence, a sink and a sliding window on one run."""
+    rows owned by no sequence (output poisoned first), a sink and a sliding window on one run."""
     rng = np.random.default_rng(41 + group + page)
     hkv, b = 2, 300
     cache = [int(x) for x in rng.integers(0, 700, b)]
@@ -346,8 +346,9 @@ def test_cuda_mha_decode_more_ctas_than_slots(dtype, d, group, page):
                    (dict(mask_str="sliding_window_causal", local_window_size=200), sink)):
         plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=1, max_prompt_length=1, **kw)
         assert plan.tile_m == (16 if group > 8 else 8) and plan.num_partitions == 1
-        got = jax.jit(lambda *a, kw=kw, sk=sk: msa_ops.mha_ragged_paged(
-            *a, sink_weights=sk, num_partitions=1, max_prompt_length=1, implementation="native", **kw))(*args)
+        f = jax.jit(lambda *a, kw=kw, sk=sk: msa_ops.mha_ragged_paged(
+            *a, sink_weights=sk, num_partitions=1, max_prompt_length=1, implementation="native", **kw))
+        got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, batch.T - b)
         assert_close(got, oracle.mha_ragged_paged(*args, sink_weights=sk, **kw), budget_for(dtype))
 
 
