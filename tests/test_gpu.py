@@ -187,12 +187,23 @@ def _tile128_cases():
     return cases
 
 
-@pytest.mark.parametrize("kernel", ["wgmma", "mma_sync"])
+def use_128_row_kernel(monkeypatch, kernel):
+    """Selects the kernel that serves the 128-row tile on sm_90: the warp-specialized persistent one (wgmma_ws,
+    the default), the CTA-per-tile warpgroup-MMA one (MSA_OPS_DENSE_WS=0) or mma.sync (MSA_OPS_CUDA_WGMMA=0, the
+    kernel of every other GPU)."""
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "0" if kernel == "mma_sync" else "1")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1" if kernel == "wgmma_ws" else "0")
+
+
+KERNELS_128 = ["wgmma_ws", "wgmma", "mma_sync"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS_128)
 @pytest.mark.parametrize("case", _tile128_cases(), ids=lambda c: f"{c['seed']}-{c['scenario']}-{c['mask']}")
 def test_cuda_mha_128_row_tiles_match_oracle(case, kernel, monkeypatch):
-    """The 128-row prefill tile (a max_prompt_length hint forces it on any batch) on both kernels that serve it:
-    warpgroup MMA on sm_90, mma.sync elsewhere (MSA_OPS_CUDA_WGMMA=0 selects it on sm_90)."""
-    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1" if kernel == "wgmma" else "0")
+    """The 128-row prefill tile (a max_prompt_length hint forces it on any batch) on the three kernels that serve
+    it (use_128_row_kernel)."""
+    use_128_row_kernel(monkeypatch, kernel)
     rng = np.random.default_rng(case["seed"])
     if case["scenario"] == "big":  # several query and key tiles, partial last tiles, an empty sequence
         batch = RaggedBatch([700, 0, 129, 1], [300, 0, 1000, 5], 850)
@@ -396,14 +407,14 @@ def test_cuda_no_cache_matches_oracle(mask, group):
     assert_close(got, want, budget_for(jnp.float16))
 
 
-@pytest.mark.parametrize("kernel", ["wgmma", "mma_sync"])
+@pytest.mark.parametrize("kernel", KERNELS_128)
 @pytest.mark.parametrize("mask", ["causal", "null", "sliding_window_causal"])
 @pytest.mark.parametrize("dtype,d", [(jnp.bfloat16, 128), (jnp.float16, 64)])
 def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
     """Contiguous K/V on the 128-row tile: ragged K/V whose last sequence ends before rows of NaN (a tile reads
     past it), and padded K/V with NaN in every row past a sequence's valid length. Keys past a sequence must not
     reach its output, not even as 0 * NaN."""
-    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1" if kernel == "wgmma" else "0")
+    use_128_row_kernel(monkeypatch, kernel)
     rng = np.random.default_rng(d + len(mask))
     hkv, group = 2, 4
     h = hkv * group
@@ -430,6 +441,47 @@ def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
         vp[b, vl[b]:] = np.nan
     got = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, implementation="native", **kw))(qp, kp, vp, vl)
     assert_close(got, oracle.mha_padded_no_cache(qp, kp, vp, vl, **kw), budget_for(dtype))
+
+
+WS_MANY_ITEMS_CASES = [
+    # (query rows per sequence, cache lengths, group, page, mask, partitions)
+    ([int(x) for x in np.random.default_rng(1).integers(1, 700, 40)],
+     [int(x) for x in np.random.default_rng(2).integers(0, 300, 40)], 4, 128, "causal", 0),
+    ([int(x) for x in np.random.default_rng(3).integers(1, 400, 40)],
+     [int(x) for x in np.random.default_rng(4).integers(0, 500, 40)], 8, 16, "sliding_window_causal", 0),
+    ([0, 1] + [200] * 150, [(37 * i) % 600 for i in range(152)], 2, 64, "causal", 0),
+    ([int(x) for x in np.random.default_rng(5).integers(100, 600, 24)],
+     [int(x) for x in np.random.default_rng(6).integers(0, 900, 24)], 16, 256, "null", 3),
+]
+
+
+@pytest.mark.parametrize("case", WS_MANY_ITEMS_CASES, ids=["interleaved-p128", "window-p16", "152-sequences-p64",
+                                                            "split-p256"])
+def test_cuda_mha_ws_prefill_many_items(case, monkeypatch):
+    """The persistent 128-row kernel with more work items (query tile x kv head x partition) than CTAs, so that
+    each CTA walks several items through its Q buffers and K/V rings: the interleaved heaviest-first order (at most
+    128 sequences), the reversed grid order (152 sequences, two of them with 0 and 1 rows), split-K partials, NaN
+    past every sequence's keys and junk page-table tails; bf16 and f16, head dims 128 and 64."""
+    use_128_row_kernel(monkeypatch, "wgmma_ws")
+    n, cache_len, group, page, mask, np_ = case
+    rng = np.random.default_rng(len(n) + group + page)
+    dtype, d = (jnp.bfloat16, 128) if page != 16 else (jnp.float16, 64)
+    hkv = 4
+    h = hkv * group
+    batch = RaggedBatch(n, cache_len, sum(n) + 7)
+    tokens = [c + m for c, m in zip(cache_len, n)]
+    cache = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
+                             head_dim=d, dtype=dtype)
+    q = rand(rng, (batch.T, h, d), dtype)
+    kv_blocks = nan_past_keys(cache, batch.cache, batch.n, page)
+    args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache.lut, 1)
+    kw = dict(mask_str=mask, local_window_size=333)
+    plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=np_, max_prompt_length=1024, **kw)
+    assert plan.tile_m == 128
+    f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, num_partitions=np_, implementation="native",
+                                                    max_prompt_length=1024, **kw))
+    got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, 7)
+    assert_close(got, oracle.mha_ragged_paged(*args, **kw), budget_for(dtype))
 
 
 def test_cuda_mha_bad_values_do_not_fault():

@@ -13,6 +13,7 @@
 
 #include "attention.cuh"
 #include "attention_sm90.cuh"
+#include "attention_ws_sm90.cuh"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
 #include "msa_ops/ffi_signatures.h"
@@ -66,10 +67,33 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
   if constexpr (BM == Sm90Config<T, D>::kBlockM) {
     Sm90Kv kv;  // the TMA descriptors; without them (page size, driver) the mma.sync kernel serves the call
     if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv)) {
-      using C90 = Sm90Config<T, D>;
-      auto kernel = attention_sm90_kernel<T, D>;
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C90::kSmemAlloc);
-      kernel<<<grid, C90::kThreads, C90::kSmemAlloc, stream>>>(a, kv);
+      // The warp-specialized persistent kernel where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
+      const int64_t items = static_cast<int64_t>(grid_x) * a.Hkv * grid.z;
+      // setmaxnreg hands the producer's registers to the consumers: the launch must hold the whole pool.
+      static const bool ws_regs_ok = [] {
+        cudaFuncAttributes fa{};
+        return cudaFuncGetAttributes(&fa, attention_ws_sm90_kernel<T, D>) == cudaSuccess &&
+               fa.numRegs >= DenseWs<D>::kLaunchRegs;
+      }();
+      CUtensorMap qmap;
+      if (ws_regs_ok && items <= INT32_MAX && make_dense_q_map<T, D>(a, &qmap)) {
+        using CW = DenseWs<D>;
+        static const int sms = [] {
+          int dev = 0, n = 0;
+          cudaGetDevice(&dev);
+          cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+          return n > 0 ? n : 1;
+        }();
+        const int ws_grid = static_cast<int>(items < sms ? items : sms);  // persistent: one CTA per SM at most
+        auto kernel = attention_ws_sm90_kernel<T, D>;
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CW::kSmemAlloc);
+        kernel<<<ws_grid, CW::kThreads, CW::kSmemAlloc, stream>>>(a, kv, qmap, grid_x);
+      } else {
+        using C90 = Sm90Config<T, D>;
+        auto kernel = attention_sm90_kernel<T, D>;
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C90::kSmemAlloc);
+        kernel<<<grid, C90::kThreads, C90::kSmemAlloc, stream>>>(a, kv);
+      }
       if (Error e = check_launch(target); e.failure()) return e;
       launched = true;
     }

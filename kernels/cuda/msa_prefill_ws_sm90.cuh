@@ -22,6 +22,7 @@
 #pragma once
 
 #include "msa_prefill_sm90.cuh"
+#include "ws_sm90.cuh"
 
 namespace msa_ops {
 namespace cuda {
@@ -56,9 +57,8 @@ struct MsaPrefillWs {
   static constexpr int kOffMisc = kOffBase + kMaxWords * 4;  // [4]
   static constexpr int kOffEntPage = kOffMisc + 16;
   static constexpr int kOffEntId = kOffEntPage + kEntCache * 4;
-  static constexpr int kOrderSeqs = 128;  // sequences the interleaved walk takes (ws_order_build)
-  static constexpr int kOffOrder = (kOffEntId + kEntCache * 2 + 15) / 16 * 16;  // [4], first [kOrderSeqs], tiles [..]
-  static constexpr int kOffQTile = (kOffOrder + (4 + 2 * kOrderSeqs) * 4 + 15) / 16 * 16;  // [2] SeqTile per Q buffer
+  static constexpr int kOffOrder = (kOffEntId + kEntCache * 2 + 15) / 16 * 16;  // ws_order_build's [kWsOrderInts]
+  static constexpr int kOffQTile = (kOffOrder + kWsOrderInts * 4 + 15) / 16 * 16;  // [2] SeqTile per Q buffer
   static constexpr int kOffBar = (kOffQTile + 2 * static_cast<int>(sizeof(SeqTile)) + 7) / 8 * 8;
   // mbarriers: Q full/empty [2], K full/empty [2], V full/empty [2], plan full/empty [2]
   static constexpr int kBarQFull = 0, kBarQEmpty = 2, kBarKFull = 4, kBarKEmpty = 6, kBarVFull = 8,
@@ -67,103 +67,6 @@ struct MsaPrefillWs {
   static constexpr int kSmemAlloc = kSmemBytes + 1024;
   static_assert(kSmemAlloc <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
-
-#if defined(MSA_OPS_SM90_WGMMA)
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// mbar_wait that gives up: a hand-over that never comes (a protocol error) traps after ~2^26 polls (seconds)
-// instead of hanging the GPU; legitimate waits here last microseconds.
-__device__ __forceinline__ void mbar_wait_ws(uint32_t bar, uint32_t parity) {
-  for (uint32_t i = 0;; ++i) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) return;
-    if (i > (1u << 26)) __trap();
-  }
-}
-template <int kId>
-__device__ __forceinline__ void named_arrive(int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
-}
-template <int kId>
-__device__ __forceinline__ void named_sync(int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-#endif
-
-// The walk over the work items (query tile x kv head), heaviest first. A tile weighs about its last row's keys
-// (causal, up to topk blocks), so the last tiles of the sequences come first: with several sequences, item w is
-// (kv head w % Hkv, tile k = w / Hkv / B from the end of sequence w / Hkv % B), so that the sequences' ends are
-// interleaved; one sequence's tiles in order would leave a sequence's light first tiles next to another's heavy
-// last ones. Taken when at most kOrderSeqs sequences and the B x (longest sequence's tiles) slots are at most twice
-// the tiles (each empty slot is an item skipped); else the tiles in reverse grid order. CTA c takes items
-// r * grid + c in even rounds r and r * grid + grid - 1 - c in odd ones (ws_walk): round robin over a descending
-// order would hand CTA 0 the heaviest item of every round.
-struct WsItem {
-  int x_tile, hkv;  // x_tile -1: an empty slot of the interleaved walk
-};
-// Builds the order in shared memory (order[0..2] = interleave, B, items; then first[], tiles[]); one warp.
-__device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles_x, int* order) {
-  constexpr int kSeqs = MsaPrefillWs::kOrderSeqs;
-  const int lane = threadIdx.x & 31;
-  int* first_t = order + 4;
-  int* tiles_t = first_t + kSeqs;
-  int64_t carry = imin(imax(0, a.q_offsets[0]), a.total_rows);  // the repaired offsets of locate_tile
-  int first = 0, longest = 0;
-  for (int base = 0; base < a.batch && a.batch <= kSeqs; base += 32) {
-    const int b = base + lane;
-    int64_t eff_prev, eff_next;
-    const int n = seq_rows_step(a, base, carry, &eff_prev, &eff_next);
-    const int tiles = (n * a.group + MsaPrefillWs::kBlockM - 1) / MsaPrefillWs::kBlockM;
-    int cs = tiles, mx = tiles;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int u = __shfl_up_sync(0xffffffff, cs, d);
-      if (lane >= d) cs += u;
-      mx = max(mx, __shfl_xor_sync(0xffffffff, mx, d));
-    }
-    if (b < a.batch) {
-      first_t[b] = first + cs - tiles;
-      tiles_t[b] = tiles;
-    }
-    first += __shfl_sync(0xffffffff, cs, 31);
-    carry = __shfl_sync(0xffffffff, eff_next, 31);
-    longest = max(longest, mx);
-  }
-  if (lane == 0) {
-    const int64_t slots = static_cast<int64_t>(a.batch) * longest;  // (tiles_x * Hkv fits an int: msa.cu checks)
-    const bool inter = a.batch > 1 && a.batch <= kSeqs && longest > 0 && slots <= 2 * static_cast<int64_t>(first) &&
-                       slots * a.Hkv <= INT32_MAX;
-    order[0] = inter ? 1 : 0;
-    order[1] = a.batch;
-    order[2] = static_cast<int>((inter ? slots : tiles_x) * a.Hkv);
-  }
-}
-__device__ __forceinline__ int ws_walk(int r) {
-  return r * static_cast<int>(gridDim.x) + ((r & 1) ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : blockIdx.x);
-}
-// Item w of the order that ws_order_build left in shared memory (read there at each item: no registers held).
-__device__ __forceinline__ WsItem ws_item(const int* order, int w, int tiles_x, int hkv_count) {
-  const int v = w / hkv_count, hkv = w % hkv_count;
-  if (!order[0]) return WsItem{tiles_x - 1 - v, hkv};
-  const int B = order[1];
-  const int k = v / B, b = v % B;
-  const int n = order[4 + MsaPrefillWs::kOrderSeqs + b];
-  return WsItem{k < n ? order[4 + b] + n - 1 - k : -1, hkv};
-}
 
 // a: the MSA call as a paged ragged attention (page_size 128, num_partitions 1, no sink); qmap: Q as
 // [T][Hkv][group][128] in boxes of (128 / group tokens) x group heads x 64 columns; d_idx: [Hkv, T, topk].
@@ -204,7 +107,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     mbar_init_fence();
   }
-  if (warp == 1) ws_order_build(a, tiles_x, sOrder);
+  if (warp == 1) ws_order_build<BM>(a, tiles_x, a.Hkv, sOrder);
   __syncthreads();
 
   const int layer = *a.layer_ptr;
@@ -248,7 +151,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int h = 0; h < D / 64; ++h)
               tma_load_4d(s0 + C::kOffQ + qb * C::kTileBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb),
-                          h * 64, 0, it.hkv, tok);
+                          h * 64, 0, it.sub, tok);
           } else {
             mbar_arrive(bar(C::kBarQFull + qb));
           }
@@ -260,12 +163,12 @@ __global__ void __launch_bounds__(384, 1)
           mbar_wait_ws(bar(C::kBarPFull + slot), (pc >> 1) & 1);
           const int n = sMeta[slot * 2], last = sMeta[slot * 2 + 1];
           if (lane == 0 && n > 0) {
-            issue(slot, 0, g, false, it.hkv);
-            if (n > 1) issue(slot, 1, g + 1, false, it.hkv);
-            issue(slot, 0, g, true, it.hkv);
+            issue(slot, 0, g, false, it.sub);
+            if (n > 1) issue(slot, 1, g + 1, false, it.sub);
+            issue(slot, 0, g, true, it.sub);
             for (int j = 1; j < n; ++j) {
-              if (j + 1 < n) issue(slot, j + 1, g + j + 1, false, it.hkv);
-              issue(slot, j, g + j, true, it.hkv);
+              if (j + 1 < n) issue(slot, j + 1, g + j + 1, false, it.sub);
+              issue(slot, j, g + j, true, it.sub);
             }
           }
           __syncwarp();
@@ -301,7 +204,7 @@ __global__ void __launch_bounds__(384, 1)
         const int kmax = static_cast<int>(st.kmax);
         const int32_t* lut_row = a.lookup + static_cast<int64_t>(st.b) * a.max_pages;
         const int n_ent = ntok * topk;
-        const int32_t* ids_tile = d_idx + (static_cast<int64_t>(it.hkv) * a.total_rows + st.q_base + tok0) * topk;
+        const int32_t* ids_tile = d_idx + (static_cast<int64_t>(it.sub) * a.total_rows + st.q_base + tok0) * topk;
         auto entry = [&](int e) -> int {  // msa_prefill_sm90.cuh's check of entry (token e / topk, slot e % topk)
           if (!layer_ok) return -1;
           const int id = __ldg(ids_tile + e);
@@ -510,7 +413,7 @@ __global__ void __launch_bounds__(384, 1)
       // The rows leave through the warp's own rows of the Q buffer (its last Q K^T has completed; no other warp
       // touches them), and the buffer is handed back once this thread's stores have read it.
       unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
-      wg_store_rows_staged<T, D, BM>(a, st, rows_seq, warp_row0, it.hkv, l_run, m_run, o, lane, stage);
+      wg_store_rows_staged<T, D, BM>(a, st, rows_seq, warp_row0, it.sub, l_run, m_run, o, lane, stage);
       fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
       mbar_arrive(bar(C::kBarQEmpty + qb));
       ++qi;

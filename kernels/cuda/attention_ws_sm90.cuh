@@ -1,0 +1,385 @@
+// Hopper (sm_90a) dense flash-attention prefill, warp-specialized and persistent: the 128-row query tiles of
+// attention_sm90_kernel (same contract, masks, softmax and epilogue), with the per-tile and per-item fixed costs
+// taken off the tensor cores' path, as msa_prefill_ws_sm90.cuh does for the block-sparse kernel.
+//
+// One CTA per SM walks the work items (query tile x kv head x split-K partition, heaviest first: ws_sm90.cuh)
+// with three warpgroups:
+//   * warp 0 (the loader) issues every TMA: an item's Q (D/64 boxes of [128/group tokens][group heads][64]) into
+//     one of two Q buffers, with the item's place (locate_tile, next to the buffer: the consumers do not wait on
+//     its global reads), then the item's K and V tiles into K and V rings (V one tile behind K), each tile with
+//     the mask of its present keys (a page-table entry naming no page of the pool, or keys past the sequence);
+//   * warps 1-3 only build the walk's order, then exit;
+//   * warpgroups 1 and 2 (the consumers) run attention_sm90_kernel's wgmma pipeline over 64 rows each and take
+//     turns issuing each step's MMAs (named barriers 3 and 4), so that one's softmax runs under the other's MMAs;
+//     then they store their rows through their part of the Q buffer (unsplit) or write the partition's partials.
+// Every hand-over is an mbarrier (full: TMA bytes; empty: the consumers' arrivals) per Q buffer and ring stage,
+// so the next item's Q and first K/V tiles load while the consumers finish the current one, and the consumers
+// never wait at a CTA-wide barrier. The producer warpgroup gives registers to the consumers (setmaxnreg).
+//
+// Served where group divides 128 (Q by TMA); mha.cu keeps attention_sm90_kernel otherwise, and always with
+// MSA_OPS_DENSE_WS=0.
+#pragma once
+
+#include "ws_sm90.cuh"
+
+namespace msa_ops {
+namespace cuda {
+
+// An item as the loader hands it to the consumers with its Q buffer.
+struct DenseWsItem {
+  SeqTile st;
+  int hkv, part;
+};
+
+template <int D>
+struct DenseWs {
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  static constexpr int kLaunchRegs = 168;  // __launch_bounds__(384, 1): what setmaxnreg redistributes
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "register pool");
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = D == 64 ? 4 : 2;  // of the K ring and of the V ring
+  static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V tile; also a Q buffer (kBlockM == kBlockN)
+  // shared memory (bytes from the 1024-aligned base)
+  static constexpr int kOffQ = 0;                                // 2 buffers
+  static constexpr int kOffK = kOffQ + 2 * kTileBytes;           // kStages
+  static constexpr int kOffV = kOffK + kStages * kTileBytes;     // kStages
+  static constexpr int kOffMask = kOffV + kStages * kTileBytes;  // [kStages][4]: the K tile's present keys
+  static constexpr int kOffOrder = kOffMask + kStages * 16;      // ws_order_build's [kWsOrderInts]
+  static constexpr int kOffItem = (kOffOrder + kWsOrderInts * 4 + 15) / 16 * 16;  // [2] DenseWsItem per Q buffer
+  static constexpr int kOffBar = (kOffItem + 2 * static_cast<int>(sizeof(DenseWsItem)) + 7) / 8 * 8;
+  // mbarriers: Q full/empty [2], then K full, K empty, V full, V empty [kStages] each
+  static constexpr int kBarQFull = 0, kBarQEmpty = 2, kBarKFull = 4, kBarKEmpty = 4 + kStages,
+                       kBarVFull = 4 + 2 * kStages, kBarVEmpty = 4 + 3 * kStages, kBars = 4 + 4 * kStages;
+  static constexpr int kSmemBytes = kOffBar + kBars * 8;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;
+  static_assert(kBlockM == kBlockN, "a Q buffer is one tile");
+  static_assert(kSmemAlloc <= 227 * 1024, "shared memory of one CTA on sm_90");
+  static_assert(D == 64 || D == 128, "head dim");
+};
+
+// Host: Q of the call as [rows][Hkv][group][D] in boxes of (128 / group tokens) x group heads x 64 columns (a
+// query tile's 128 packed rows, 128-byte swizzle), or false (group not dividing 128, no driver encoder,
+// MSA_OPS_DENSE_WS=0): then attention_sm90_kernel serves the call.
+template <typename T, int D>
+bool make_dense_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
+  const char* env = std::getenv("MSA_OPS_DENSE_WS");
+  if (env != nullptr && env[0] == '0') return false;
+  constexpr int BM = DenseWs<D>::kBlockM;
+  if (a.group < 1 || a.group > BM || BM % a.group != 0 || a.total_rows < 1) return false;
+  if ((reinterpret_cast<uintptr_t>(a.q) & 15) != 0) return false;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const CUtensorMapDataType dt =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.group),
+                              static_cast<cuuint64_t>(a.Hkv), static_cast<cuuint64_t>(a.total_rows)};
+  const cuuint64_t strides[3] = {D * 2, static_cast<cuuint64_t>(a.group) * D * 2,
+                                 static_cast<cuuint64_t>(a.H) * D * 2};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(a.group), 1, static_cast<cuuint32_t>(BM / a.group)};
+  const cuuint32_t ones[4] = {1, 1, 1, 1};
+  return encode(qmap, dt, 4, const_cast<void*>(a.q), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// tiles_x: the query tiles of the call (locate_tile's numbering); the items are tiles_x x Hkv x partitions.
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+    attention_ws_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm,
+                             const __grid_constant__ CUtensorMap qmap, int tiles_x) {
+#if defined(MSA_OPS_SM90_WGMMA)
+  using C = DenseWs<D>;
+  constexpr int BM = C::kBlockM, BN = C::kBlockN, S = C::kStages;
+  constexpr int NS = BN / 8, ND = D / 8;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* sbase = smem_raw + pad;
+  const uint32_t s0 = raw_addr + pad;
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + C::kOffMask);
+  int* sOrder = reinterpret_cast<int*>(sbase + C::kOffOrder);
+  DenseWsItem* sItem = reinterpret_cast<DenseWsItem*>(sbase + C::kOffItem);
+  const uint32_t sBar = s0 + C::kOffBar;
+  auto bar = [&](int i) { return sBar + 8 * i; };
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int per_tile = a.Hkv * (a.num_partitions > 1 ? a.num_partitions : 1);
+  if (tid == 0) {
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(bar(C::kBarQFull + i), 1);
+      mbar_init(bar(C::kBarQEmpty + i), C::kConsumerThreads);
+    }
+    for (int i = 0; i < S; ++i) {
+      mbar_init(bar(C::kBarKFull + i), 1);
+      mbar_init(bar(C::kBarKEmpty + i), C::kConsumerThreads);
+      mbar_init(bar(C::kBarVFull + i), 1);
+      mbar_init(bar(C::kBarVEmpty + i), C::kConsumerThreads);
+    }
+    mbar_init_fence();
+  }
+  if (warp == 1) ws_order_build<BM>(a, tiles_x, per_tile, sOrder);
+  __syncthreads();
+
+  if (warp < 4) {
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (warp != 0) return;
+    // ------------------------------------------------------------------ loader (warp 0)
+    const bool paged = a.kv_mode == kKvPaged;
+    int layer = 0;
+    bool layer_ok = true;
+    if (paged) {
+      layer = *a.layer_ptr;
+      layer_ok = layer >= 0 && layer < a.num_layers;
+      if (!layer_ok) layer = 0;  // every page then reads as missing
+    }
+    const int rb = kvm.box_rows;  // key rows per box: one page, or a whole tile
+    const int nbox = BN / rb;
+    const int rb_shift = __ffs(rb) - 1;
+    int gk = 0, qi = 0;  // tiles and items seen
+    for (int r = 0;; ++r) {
+      const int w = ws_walk(r);
+      if (w >= sOrder[2]) break;  // the number of items
+      const WsItem it = ws_item(sOrder, w, tiles_x, per_tile);
+      if (it.x_tile < 0) continue;
+      const int hkv = it.sub % a.Hkv, part = it.sub / a.Hkv;
+      const SeqTile st = locate_tile<BM>(a, it.x_tile);
+      const int qb = qi & 1;
+      if (lane == 0) {
+        mbar_wait_ws(bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
+        sItem[qb] = DenseWsItem{st, hkv, part};  // written before the buffer's full barrier is arrived on
+        if (st.b >= 0) {
+          mbar_expect_tx(bar(C::kBarQFull + qb), C::kTileBytes);
+          const int tok = st.q_base + st.row0 / a.group;  // row0 is a multiple of 128, and group divides 128
+#pragma unroll
+          for (int h = 0; h < D / 64; ++h)
+            tma_load_4d(s0 + C::kOffQ + qb * C::kTileBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb), h * 64, 0,
+                        hkv, tok);  // rows past the tensor: zeros
+        } else {
+          mbar_arrive(bar(C::kBarQFull + qb));
+        }
+      }
+      ++qi;
+      if (st.b < 0) continue;
+      const TileKeys tk = tile_keys<BM, BN>(a, st, part);
+      const int kmax = static_cast<int>(st.kmax);
+      const int32_t* lut_row = paged ? a.lookup + static_cast<int64_t>(st.b) * a.max_pages : nullptr;
+      // Lane i < nbox: the page-table entry of box i of `tile` (-1 past the keys), unchecked (pool_page, at use).
+      auto fetch = [&](int tile) {
+        int32_t p = -1;
+        if (paged && lane < nbox) {
+          const int key = tile * BN + lane * rb;
+          if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
+        }
+        return p;
+      };
+      // K (v false) or V of `tile` into ring slot gj % S, once both consumer warpgroups have released it. With K
+      // goes the tile's present-key mask (which the consumers read before they release the slot).
+      auto issue = [&](int tile, int gj, bool v, int32_t entry) {
+        const int stage = gj % S;
+        const uint32_t full = bar((v ? C::kBarVFull : C::kBarKFull) + stage);
+        mbar_wait_ws(bar((v ? C::kBarVEmpty : C::kBarKEmpty) + stage), ((gj / S) & 1) ^ 1);
+        const int my_page = pool_page(a, entry);
+        const int key0 = tile * BN;
+        if (!v) {
+          const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
+#pragma unroll
+          for (int wd = 0; wd < BN / 32; ++wd) {
+            const int kl = wd * 32 + lane;
+            const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
+            const unsigned bits = __ballot_sync(0xffffffff, ok);
+            if (lane == 0) sMask[stage * 4 + wd] = bits;
+          }
+        }
+        if (lane == 0) mbar_expect_tx(full, C::kTileBytes);  // release: lane 0's mask words
+        const uint32_t dst = s0 + (v ? C::kOffV : C::kOffK) + stage * C::kTileBytes;
+        const CUtensorMap* map = v ? &kvm.v : &kvm.k;
+        if (paged) {
+          if (lane < nbox) {
+            const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
+            const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
+#pragma unroll
+            for (int h = 0; h < D / 64; ++h)
+              tma_load_5d(dst + h * BN * 128 + lane * rb * 128, map, full, h * 64, hkv, slot,
+                          (v ? a.num_layers : 0) + layer, blk);
+          }
+        } else if (lane == 0) {
+#pragma unroll
+          for (int h = 0; h < D / 64; ++h)
+            tma_load_3d(dst + h * BN * 128, map, full, h * 64, hkv, st.kv_base + key0);  // past the tensor: zeros
+        }
+      };
+      const int n = tk.num_tiles;
+      int32_t e_cur = n > 0 ? fetch(tk.tile_first) : -1, e_prev = -1;
+      for (int j = 0; j < n; ++j) {
+        const int tile = tk.tile_first + j;
+        const int32_t e_next = j + 1 < n ? fetch(tile + 1) : -1;
+        issue(tile, gk + j, false, e_cur);
+        if (j > 0) issue(tile - 1, gk + j - 1, true, e_prev);
+        e_prev = e_cur;
+        e_cur = e_next;
+      }
+      if (n > 0) issue(tk.tile_first + n - 1, gk + n - 1, true, e_prev);
+      gk += n;
+    }
+  } else {
+    // ------------------------------------------------------------------ consumers (warpgroups 1 and 2)
+    setmaxnreg_inc<C::kConsumerRegs>();
+    const int ctid = tid - 128;  // 0..255
+    const int cwg = ctid / 128;
+    const int warp_row0 = cwg * 64 + (warp % 4) * 16;  // first tile row of this warp
+    const float sl2 = a.scale_log2;
+    // Turns at the tensor cores (msa_prefill_ws_sm90.cuh): both warpgroups issue the same steps of the same
+    // items; warpgroup 1's first arrival lets warpgroup 0 start.
+    auto turn = [&] { cwg == 0 ? named_sync<3>(C::kConsumerThreads) : named_sync<4>(C::kConsumerThreads); };
+    auto pass = [&] { cwg == 0 ? named_arrive<4>(C::kConsumerThreads) : named_arrive<3>(C::kConsumerThreads); };
+    if (cwg == 1) named_arrive<3>(C::kConsumerThreads);
+    int g = 0, qi = 0;
+    float o[ND * 4];
+    float s[NS * 4];
+    uint32_t pf[BN / 16][4];
+    float corr[2];
+    for (int r = 0;; ++r) {
+      const int w = ws_walk(r);
+      if (w >= sOrder[2]) break;
+      const WsItem it = ws_item(sOrder, w, tiles_x, per_tile);
+      if (it.x_tile < 0) continue;
+      const int qb = qi & 1;
+      mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
+      const DenseWsItem item = sItem[qb];  // the loader's locate_tile
+      const SeqTile& st = item.st;
+      if (st.b < 0) {  // past the last tile: the buffer holds no Q
+        mbar_arrive(bar(C::kBarQEmpty + qb));
+        ++qi;
+        continue;
+      }
+      const int hkv = item.hkv, part = item.part;
+      const int group = a.group;
+      const TileKeys tk = tile_keys<BM, BN>(a, st, part);
+      const int rows_seq = tk.rows_seq;
+      const int kmax = static_cast<int>(st.kmax);
+      const int tile_first = tk.tile_first, n = tk.num_tiles;
+      int row_lo[2], row_hi[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
+        if (pr < rows_seq) {
+          const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
+          row_lo[i] = static_cast<int>(imax(iv.lo, tk.k_lo));
+          row_hi[i] = static_cast<int>(imin(iv.hi, tk.k_hi));
+        } else {
+          row_lo[i] = 0;
+          row_hi[i] = 0;
+        }
+      }
+      const int full_lo = static_cast<int>(imax(tk.iv_last.lo, tk.k_lo));
+      const int full_hi = static_cast<int>(imin(tk.iv_first.hi, tk.k_hi));
+#pragma unroll
+      for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
+      float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+      const uint32_t q_wg = s0 + C::kOffQ + qb * C::kTileBytes + cwg * 64 * 128;
+      auto sK = [&](int gj) { return s0 + C::kOffK + (gj % S) * C::kTileBytes; };
+      auto sV = [&](int gj) { return s0 + C::kOffV + (gj % S) * C::kTileBytes; };
+      uint32_t present[BN / 32];
+      // K of tile j landed; its present-key mask read before the slot is released.
+      auto wait_k = [&](int gj) {
+        mbar_wait_ws(bar(C::kBarKFull + gj % S), (gj / S) & 1);
+#pragma unroll
+        for (int wd = 0; wd < BN / 32; ++wd) present[wd] = sMask[(gj % S) * 4 + wd];
+      };
+      auto wait_v = [&](int j, int gj) {  // V of tile j landed; its rows past the sequence's keys are zeroed
+        mbar_wait_ws(bar(C::kBarVFull + gj % S), (gj / S) & 1);
+        const int n_exist = kmax - (tile_first + j) * BN;
+        if (n_exist < BN) {  // the same tile for both warpgroups: both take this branch
+          zero_rows_sw128<BN, D, C::kConsumerThreads>(sbase + C::kOffV + (gj % S) * C::kTileBytes, n_exist, ctid);
+          fence_proxy_async();
+          named_sync<2>(C::kConsumerThreads);
+        }
+      };
+      // attention_sm90_kernel's online softmax of tile j (log2 units); the exponentials stay in s.
+      auto softmax = [&](int j) {
+        const int tile_key0 = (tile_first + j) * BN;
+        const bool all = (present[0] & present[1] & present[2] & present[3]) == 0xffffffffu;
+        const bool full = sl2 > 0.f && all && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
+        float m_new[2] = {m_run[0], m_run[1]};
+        if (full) {
+          wg_raw_max<NS>(s, m_new, sl2);
+        } else {
+#pragma unroll
+          for (int jj = 0; jj < NS; ++jj) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = e / 2;
+              const int kl = jj * 8 + (lane % 4) * 2 + (e % 2);
+              const int key = tile_key0 + kl;
+              const bool vis = key >= row_lo[i] && key < row_hi[i] && ((present[jj / 4] >> (kl % 32)) & 1u);
+              s[jj * 4 + e] = vis ? s[jj * 4 + e] * sl2 : -INFINITY;
+              m_new[i] = fmaxf(m_new[i], s[jj * 4 + e]);
+            }
+          }
+        }
+        wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
+      };
+      if (n > 0) {
+        wait_k(g);
+        turn();
+        wgmma_fence();
+        wg_qk<T, BM, BN, D>(s, q_wg, sK(g));
+        pass();
+        wgmma_wait<0>();
+        fence_regs<NS * 4>(s);
+        mbar_arrive(bar(C::kBarKEmpty + g % S));
+        softmax(0);
+        wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
+        for (int j = 1; j < n; ++j) {
+          wait_k(g + j);
+          wait_v(j - 1, g + j - 1);
+          fence_regs<ND * 4>(o);
+          turn();
+          wgmma_fence();
+          wg_qk<T, BM, BN, D>(s, q_wg, sK(g + j));
+          wg_pv<T, BN, D>(o, pf, sV(g + j - 1));
+          pass();
+          wgmma_wait<1>();
+          fence_regs<NS * 4>(s);
+          mbar_arrive(bar(C::kBarKEmpty + (g + j) % S));
+          softmax(j);
+          wgmma_wait<0>();
+          fence_regs<ND * 4>(o);
+          mbar_arrive(bar(C::kBarVEmpty + (g + j - 1) % S));
+          wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
+        }
+        wait_v(n - 1, g + n - 1);
+        fence_regs<ND * 4>(o);
+        turn();
+        wgmma_fence();
+        wg_pv<T, BN, D>(o, pf, sV(g + n - 1));
+        pass();
+        wgmma_wait<0>();
+        fence_regs<ND * 4>(o);
+        mbar_arrive(bar(C::kBarVEmpty + (g + n - 1) % S));
+      }
+      g += n;
+      if (a.num_partitions <= 1) {
+        // The rows leave through the warp's own rows of the Q buffer (its last Q K^T has completed; no other warp
+        // touches them), and the buffer is handed back once this thread's stores have read it.
+        unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
+        wg_store_rows_staged<T, D, BM>(a, st, rows_seq, warp_row0, hkv, l_run, m_run, o, lane, stage);
+        fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
+      } else {
+        wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, part, l_run, m_run, o, lane);
+      }
+      mbar_arrive(bar(C::kBarQEmpty + qb));
+      ++qi;
+    }
+  }
+#else
+  __trap();  // launched only on sm_90 (see launch_attention)
+#endif
+}
+
+}  // namespace cuda
+}  // namespace msa_ops

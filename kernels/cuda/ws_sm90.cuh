@@ -1,0 +1,116 @@
+// Pieces shared by the warp-specialized, persistent sm_90a kernels (msa_prefill_ws_sm90.cuh,
+// attention_ws_sm90.cuh): mbarrier hand-overs that trap instead of hanging, named barriers, setmaxnreg, and the
+// walk of a persistent CTA over its work items.
+#pragma once
+
+#include "attention_sm90.cuh"
+
+namespace msa_ops {
+namespace cuda {
+
+#if defined(MSA_OPS_SM90_WGMMA)
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// mbar_wait that gives up: a hand-over that never comes (a protocol error) traps after ~2^26 polls (seconds)
+// instead of hanging the GPU; legitimate waits here last microseconds.
+__device__ __forceinline__ void mbar_wait_ws(uint32_t bar, uint32_t parity) {
+  for (uint32_t i = 0;; ++i) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (i > (1u << 26)) __trap();
+  }
+}
+template <int kId>
+__device__ __forceinline__ void named_arrive(int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
+}
+template <int kId>
+__device__ __forceinline__ void named_sync(int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+#endif
+
+// The walk over the work items (query tile x `per_tile` items of it: kv heads, or kv heads x split-K partitions),
+// heaviest first. A tile weighs about its last row's keys (causal), so the last tiles of the sequences come first:
+// with several sequences, item w is (w % per_tile, tile k = w / per_tile / B from the end of sequence
+// w / per_tile % B), so that the sequences' ends are interleaved; one sequence's tiles in order would leave a
+// sequence's light first tiles next to another's heavy last ones. Taken for ragged queries when at most
+// kWsOrderSeqs sequences and the B x (longest sequence's tiles) slots are at most twice the tiles (each empty slot
+// is an item skipped); else the tiles in reverse grid order. CTA c takes items r * grid + c in even rounds r and
+// r * grid + grid - 1 - c in odd ones (ws_walk): round robin over a descending order would hand CTA 0 the heaviest
+// item of every round.
+constexpr int kWsOrderSeqs = 128;  // sequences the interleaved walk takes
+constexpr int kWsOrderInts = 4 + 2 * kWsOrderSeqs;  // order[0..2] = interleave, B, items; then first[], tiles[]
+struct WsItem {
+  int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
+};
+// Builds the order in shared memory; one warp. BM: query rows per tile (locate_tile's numbering).
+template <int BM>
+__device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles_x, int per_tile, int* order) {
+  constexpr int kSeqs = kWsOrderSeqs;
+  const int lane = threadIdx.x & 31;
+  int* first_t = order + 4;
+  int* tiles_t = first_t + kSeqs;
+  const bool ragged = a.q_mode == kQRagged;
+  int first = 0, longest = 0;
+  if (ragged && a.batch <= kSeqs) {
+    int64_t carry = imin(imax(0, a.q_offsets[0]), a.total_rows);  // the repaired offsets of locate_tile
+    for (int base = 0; base < a.batch; base += 32) {
+      const int b = base + lane;
+      int64_t eff_prev, eff_next;
+      const int n = seq_rows_step(a, base, carry, &eff_prev, &eff_next);
+      const int tiles = (n * a.group + BM - 1) / BM;
+      int cs = tiles, mx = tiles;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int u = __shfl_up_sync(0xffffffff, cs, d);
+        if (lane >= d) cs += u;
+        mx = max(mx, __shfl_xor_sync(0xffffffff, mx, d));
+      }
+      if (b < a.batch) {
+        first_t[b] = first + cs - tiles;
+        tiles_t[b] = tiles;
+      }
+      first += __shfl_sync(0xffffffff, cs, 31);
+      carry = __shfl_sync(0xffffffff, eff_next, 31);
+      longest = max(longest, mx);
+    }
+  }
+  if (lane == 0) {
+    const int64_t slots = static_cast<int64_t>(a.batch) * longest;  // (tiles_x * per_tile fits an int: the host checks)
+    const bool inter = ragged && a.batch > 1 && a.batch <= kSeqs && longest > 0 &&
+                       slots <= 2 * static_cast<int64_t>(first) && slots * per_tile <= INT32_MAX;
+    order[0] = inter ? 1 : 0;
+    order[1] = a.batch;
+    order[2] = static_cast<int>((inter ? slots : tiles_x) * per_tile);
+  }
+}
+__device__ __forceinline__ int ws_walk(int r) {
+  return r * static_cast<int>(gridDim.x) + ((r & 1) ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : blockIdx.x);
+}
+// Item w of the order that ws_order_build left in shared memory (read there at each item: no registers held).
+__device__ __forceinline__ WsItem ws_item(const int* order, int w, int tiles_x, int per_tile) {
+  const int v = w / per_tile, sub = w % per_tile;
+  if (!order[0]) return WsItem{tiles_x - 1 - v, sub};
+  const int B = order[1];
+  const int k = v / B, b = v % B;
+  const int n = order[4 + kWsOrderSeqs + b];
+  return WsItem{k < n ? order[4 + b] + n - 1 - k : -1, sub};
+}
+
+}  // namespace cuda
+}  // namespace msa_ops

@@ -1,0 +1,82 @@
+"""Dense prefill on the sm_90 128-row tile: the warp-specialized persistent kernel (MSA_OPS_DENSE_WS=1) against the
+CTA-per-tile one (=0) and cuDNN, in one process, rounds interleaved (the switch is read at each launch). BENCH.md's
+prefill shapes: bf16, D=128, H=16 (Hkv=16 unless --hkv), B*S=16384, contiguous and paged (page 128) K/V, causal and
+not. Prints TFLOP/s and ratios; checks that both kernels agree with cuDNN.
+
+  python3 scripts/probe_prefill_ab.py [--lens 512,2048,8192] [--rounds 2] [--hkv 16] [--page 128]
+"""
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from harness import bench  # noqa: E402
+
+import msa_ops  # noqa: E402
+
+BF = jnp.bfloat16
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lens", default="512,2048,8192")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--hkv", type=int, default=16)
+    ap.add_argument("--page", type=int, default=128)
+    ap.add_argument("--total", type=int, default=16384)
+    args = ap.parse_args()
+    h, d = 16, 128
+    rng = np.random.default_rng(0)
+    print(f"H={h}, Hkv={args.hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s (ws / cta / cuDNN)")
+    print("| S | mask | kv | ws | cta | cuDNN | ws / cta | ws / cuDNN | err ws | err cta |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for s in (int(x) for x in args.lens.split(",")):
+        b = max(1, args.total // s)
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(s), 3)
+        q = jax.random.normal(k1, (b, s, h, d), BF)
+        k = jax.random.normal(k2, (b, s, args.hkv, d), BF)
+        v = jax.random.normal(k3, (b, s, args.hkv, d), BF)
+        page = args.page
+        mp = -(-s // page)
+        perm = rng.permutation(b * mp)
+        kp = jnp.pad(k, ((0, 0), (0, mp * page - s), (0, 0), (0, 0))).reshape(b * mp, page, args.hkv, d)
+        vp = jnp.pad(v, ((0, 0), (0, mp * page - s), (0, 0), (0, 0))).reshape(b * mp, page, args.hkv, d)
+        kv = jnp.zeros((b * mp, 2, 1, page, args.hkv, d), BF).at[perm, 0, 0].set(kp).at[perm, 1, 0].set(vp)
+        lut = jnp.asarray(perm, jnp.int32).reshape(b, mp)
+        offs = jnp.arange(b + 1, dtype=jnp.int32) * s
+        cl0 = jnp.zeros((b,), jnp.int32)
+        for mask in ("null", "causal"):
+            flops = 4 * b * s * s * h * d * (0.5 if mask == "causal" else 1.0)
+            contig = jax.jit(lambda q, k, v, m=mask, offs=offs: msa_ops.mha_ragged_no_cache(
+                q.reshape(-1, h, d), k.reshape(-1, args.hkv, d), v.reshape(-1, args.hkv, d), offs, mask_str=m,
+                implementation="native"))
+            paged = jax.jit(lambda q, kv, lut, m=mask, offs=offs, cl0=cl0: msa_ops.mha_ragged_paged(
+                q.reshape(-1, h, d), offs, kv, cl0, lut, 0, mask_str=m, implementation="native"))
+            cud = jax.jit(lambda q, k, v, c=(mask == "causal"): jax.nn.dot_product_attention(
+                q, k, v, is_causal=c, implementation="cudnn"))
+            ref = np.asarray(cud(q, k, v).reshape(-1, h, d), np.float32)
+            for name, fn, fargs in (("contig", contig, (q, k, v)), ("paged", paged, (q, kv, lut))):
+                t = {"ws": [], "cta": [], "cudnn": []}
+                err = {}
+                for r in range(args.rounds):
+                    for kern in ("ws", "cta"):
+                        os.environ["MSA_OPS_DENSE_WS"] = "1" if kern == "ws" else "0"
+                        if r == 0:
+                            got = np.asarray(fn(*fargs), np.float32)
+                            err[kern] = float(np.max(np.abs(got - ref)) / (np.max(np.abs(ref)) + 1e-30))
+                        t[kern].append(bench(fn, fargs))
+                    t["cudnn"].append(bench(cud, (q, k, v)))
+                tf = {kk: flops / min(vv) / 1e12 for kk, vv in t.items()}
+                print(f"| {s} | {mask} | {name} | {tf['ws']:.0f} | {tf['cta']:.0f} | {tf['cudnn']:.0f} | "
+                      f"{tf['ws'] / tf['cta']:.3f} | {tf['ws'] / tf['cudnn']:.3f} | {err['ws']:.1e} | "
+                      f"{err['cta']:.1e} |", flush=True)
+        os.environ.pop("MSA_OPS_DENSE_WS", None)
+
+
+if __name__ == "__main__":
+    main()
