@@ -41,7 +41,7 @@ for b in ${BENCH_GLOB:-benchmarks/gpu_*.py}; do
   step "$n" timeout 400 $PY "$b" --out "$OUT" ${BENCH_ARGS:-}
 done
 want sanitizer && step sanitizer timeout 400 compute-sanitizer --tool memcheck --error-exitcode 7 $PY -m pytest -m gpu -q \
-  -p no:cacheprovider tests/test_gpu.py -k "${SANITIZE_K:-store and 0-prefill or row_offsets or bad_values or padded_paged}"
+  -p no:cacheprovider tests/test_gpu.py -k "${SANITIZE_K:-store and 0-prefill or row_offsets or bad_values or padded_paged or ws_prefill_many}"
 
 echo
 echo "| step | result |"

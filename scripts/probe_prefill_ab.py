@@ -1,5 +1,7 @@
 """Dense prefill on the sm_90 128-row tile: the warp-specialized persistent kernel (MSA_OPS_DENSE_WS=1) against the
-CTA-per-tile one (=0) and cuDNN, in one process, rounds interleaved (the switch is read at each launch). BENCH.md's
+CTA-per-tile one (=0) and cuDNN, in one process, rounds interleaved (the switches are read at each launch);
+variants ws0 / ws1 / ws2 run the persistent kernel with MSA_OPS_DENSE_WS_WALK=0 / 1 / 2 (heads fastest, heads
+slowest, bands: ws_sm90.cuh). BENCH.md's
 prefill shapes: bf16, D=128, H=16 (Hkv=16 unless --hkv), B*S=16384, contiguous and paged (page 128) K/V, causal and
 not. Prints TFLOP/s and ratios; checks that both kernels agree with cuDNN.
 
@@ -29,12 +31,19 @@ def main():
     ap.add_argument("--hkv", type=int, default=16)
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--total", type=int, default=16384)
+    ap.add_argument("--variants", default="ws,cta", help="comma list of ws, cta, ws0-ws2 (the first is compared)")
+    ap.add_argument("--masks", default="null,causal")
     args = ap.parse_args()
     h, d = 16, 128
     rng = np.random.default_rng(0)
-    print(f"H={h}, Hkv={args.hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s (ws / cta / cuDNN)")
-    print("| S | mask | kv | ws | cta | cuDNN | ws / cta | ws / cuDNN | err ws | err cta |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    variants = args.variants.split(",")
+    envs = {"ws": ("1", ""), "cta": ("0", ""), "ws0": ("1", "0"), "ws1": ("1", "1"), "ws2": ("1", "2")}
+    print(f"H={h}, Hkv={args.hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s")
+    v0 = variants[0]
+    cols = variants + ["cuDNN"] + [f"{v0} / {v}" for v in variants[1:]] + [f"{v0} / cuDNN"]
+    cols += [f"err {v}" for v in variants]
+    print("| S | mask | kv | " + " | ".join(cols) + " |")
+    print("|" + " --- |" * (3 + len(cols)))
     for s in (int(x) for x in args.lens.split(",")):
         b = max(1, args.total // s)
         k1, k2, k3 = jax.random.split(jax.random.PRNGKey(s), 3)
@@ -50,7 +59,7 @@ def main():
         lut = jnp.asarray(perm, jnp.int32).reshape(b, mp)
         offs = jnp.arange(b + 1, dtype=jnp.int32) * s
         cl0 = jnp.zeros((b,), jnp.int32)
-        for mask in ("null", "causal"):
+        for mask in args.masks.split(","):
             flops = 4 * b * s * s * h * d * (0.5 if mask == "causal" else 1.0)
             contig = jax.jit(lambda q, k, v, m=mask, offs=offs: msa_ops.mha_ragged_no_cache(
                 q.reshape(-1, h, d), k.reshape(-1, args.hkv, d), v.reshape(-1, args.hkv, d), offs, mask_str=m,
@@ -61,21 +70,23 @@ def main():
                 q, k, v, is_causal=c, implementation="cudnn"))
             ref = np.asarray(cud(q, k, v).reshape(-1, h, d), np.float32)
             for name, fn, fargs in (("contig", contig, (q, k, v)), ("paged", paged, (q, kv, lut))):
-                t = {"ws": [], "cta": [], "cudnn": []}
+                t = {v: [] for v in variants + ["cudnn"]}
                 err = {}
                 for r in range(args.rounds):
-                    for kern in ("ws", "cta"):
-                        os.environ["MSA_OPS_DENSE_WS"] = "1" if kern == "ws" else "0"
+                    for kern in variants:
+                        os.environ["MSA_OPS_DENSE_WS"], os.environ["MSA_OPS_DENSE_WS_WALK"] = envs[kern]
                         if r == 0:
                             got = np.asarray(fn(*fargs), np.float32)
                             err[kern] = float(np.max(np.abs(got - ref)) / (np.max(np.abs(ref)) + 1e-30))
                         t[kern].append(bench(fn, fargs))
                     t["cudnn"].append(bench(cud, (q, k, v)))
                 tf = {kk: flops / min(vv) / 1e12 for kk, vv in t.items()}
-                print(f"| {s} | {mask} | {name} | {tf['ws']:.0f} | {tf['cta']:.0f} | {tf['cudnn']:.0f} | "
-                      f"{tf['ws'] / tf['cta']:.3f} | {tf['ws'] / tf['cudnn']:.3f} | {err['ws']:.1e} | "
-                      f"{err['cta']:.1e} |", flush=True)
+                vals = [f"{tf[v]:.0f}" for v in variants] + [f"{tf['cudnn']:.0f}"]
+                vals += [f"{tf[v0] / tf[v]:.3f}" for v in variants[1:]] + [f"{tf[v0] / tf['cudnn']:.3f}"]
+                vals += [f"{err[v]:.1e}" for v in variants]
+                print(f"| {s} | {mask} | {name} | " + " | ".join(vals) + " |", flush=True)
         os.environ.pop("MSA_OPS_DENSE_WS", None)
+        os.environ.pop("MSA_OPS_DENSE_WS_WALK", None)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 // attention_sm90_kernel (same contract, masks, softmax and epilogue), with the per-tile and per-item fixed costs
 // taken off the tensor cores' path, as msa_prefill_ws_sm90.cuh does for the block-sparse kernel.
 //
-// One CTA per SM walks the work items (query tile x kv head x split-K partition, heaviest first: ws_sm90.cuh)
+// One CTA per SM walks the work items (query tile x kv head x split-K partition; heaviest first in bands, or with no
+// mask the kv heads slowest: ws_sm90.cuh)
 // with three warpgroups:
 //   * warp 0 (the loader) issues every TMA: an item's Q (D/64 boxes of [128/group tokens][group heads][64]) into
 //     one of two Q buffers, with the item's place (locate_tile, next to the buffer: the consumers do not wait on
@@ -86,11 +87,12 @@ bool make_dense_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// tiles_x: the query tiles of the call (locate_tile's numbering); the items are tiles_x x Hkv x partitions.
+// tiles_x: the query tiles of the call (locate_tile's numbering); the items are tiles_x x Hkv x partitions, walked
+// as `walk` (WsWalk) says.
 template <typename T, int D>
 __global__ void __launch_bounds__(384, 1)
     attention_ws_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm,
-                             const __grid_constant__ CUtensorMap qmap, int tiles_x) {
+                             const __grid_constant__ CUtensorMap qmap, int tiles_x, int walk) {
 #if defined(MSA_OPS_SM90_WGMMA)
   using C = DenseWs<D>;
   constexpr int BM = C::kBlockM, BN = C::kBlockN, S = C::kStages;
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     mbar_init_fence();
   }
-  if (warp == 1) ws_order_build<BM>(a, tiles_x, per_tile, sOrder);
+  if (warp == 1) ws_order_build<BM>(a, tiles_x, per_tile, sOrder, walk);
   __syncthreads();
 
   if (warp < 4) {

@@ -52,22 +52,34 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // kWsOrderSeqs sequences and the B x (longest sequence's tiles) slots are at most twice the tiles (each empty slot
 // is an item skipped); else the tiles in reverse grid order. CTA c takes items r * grid + c in even rounds r and
 // r * grid + grid - 1 - c in odd ones (ws_walk): round robin over a descending order would hand CTA 0 the heaviest
-// item of every round.
+// item of every round. The items of a tile (kv heads, partitions) come fastest in that order, so only ~132 /
+// Hkv CTAs at a time read one kv head's K/V, and at S = 8k each head's K/V came from DRAM several times over
+// (ncu on the H200: L2 hit rate 61% against the CTA-per-tile kernel's 94%, benchmarks/NOTES_mha.md v26). Two
+// other walks (WsWalk) keep the CTAs that run at once on fewer kv heads:
+//   * kWsHeadsSlowest, for items of one sequence that all weigh the same (no mask): the tiles in reverse grid order,
+//     the items of a tile slowest;
+//   * kWsBanded: the weight order above cut into bands of kWsBand tiles, the items of a tile slowest within a band
+//     (the band's weights differ by at most its tiles').
 constexpr int kWsOrderSeqs = 128;  // sequences the interleaved walk takes
-constexpr int kWsOrderInts = 4 + 2 * kWsOrderSeqs;  // order[0..2] = interleave, B, items; then first[], tiles[]
+enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2 };
+constexpr int kWsBand = 32;
+constexpr int kWsOrderInts = 4 + 2 * kWsOrderSeqs;  // order[0..3] = interleave, B, items, WsWalk;
+                                                     // then first[], tiles[]
 struct WsItem {
   int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
 };
 // Builds the order in shared memory; one warp. BM: query rows per tile (locate_tile's numbering).
 template <int BM>
-__device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles_x, int per_tile, int* order) {
+__device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles_x, int per_tile, int* order,
+                                               int walk = kWsHeadsFastest) {
+  const bool heads_slowest = walk == kWsHeadsSlowest;
   constexpr int kSeqs = kWsOrderSeqs;
   const int lane = threadIdx.x & 31;
   int* first_t = order + 4;
   int* tiles_t = first_t + kSeqs;
   const bool ragged = a.q_mode == kQRagged;
   int first = 0, longest = 0;
-  if (ragged && a.batch <= kSeqs) {
+  if (ragged && a.batch <= kSeqs && !heads_slowest) {
     int64_t carry = imin(imax(0, a.q_offsets[0]), a.total_rows);  // the repaired offsets of locate_tile
     for (int base = 0; base < a.batch; base += 32) {
       const int b = base + lane;
@@ -97,6 +109,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     order[0] = inter ? 1 : 0;
     order[1] = a.batch;
     order[2] = static_cast<int>((inter ? slots : tiles_x) * per_tile);
+    order[3] = walk;
   }
 }
 __device__ __forceinline__ int ws_walk(int r) {
@@ -104,7 +117,15 @@ __device__ __forceinline__ int ws_walk(int r) {
 }
 // Item w of the order that ws_order_build left in shared memory (read there at each item: no registers held).
 __device__ __forceinline__ WsItem ws_item(const int* order, int w, int tiles_x, int per_tile) {
-  const int v = w / per_tile, sub = w % per_tile;
+  if (order[3] == kWsHeadsSlowest) return WsItem{tiles_x - 1 - w % tiles_x, w / tiles_x};
+  int v = w / per_tile, sub = w % per_tile;
+  if (order[3] == kWsBanded) {  // band w / (kWsBand x per_tile): its tiles fastest
+    const int band_items = kWsBand * per_tile;
+    const int band = w / band_items, r = w % band_items;
+    const int vb = min(kWsBand, order[2] / per_tile - band * kWsBand);  // the last band may be short
+    v = band * kWsBand + r % vb;
+    sub = r / vb;
+  }
   if (!order[0]) return WsItem{tiles_x - 1 - v, sub};
   const int B = order[1];
   const int k = v / B, b = v % B;
