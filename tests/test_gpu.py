@@ -484,6 +484,32 @@ def test_cuda_mha_ws_prefill_many_items(case, monkeypatch):
     assert_close(got, oracle.mha_ragged_paged(*args, **kw), budget_for(dtype))
 
 
+@pytest.mark.parametrize("kernel", KERNELS_128)
+@pytest.mark.parametrize("mask,window", [("sliding_window_causal", 8), ("chunked_causal", 64), ("causal", 0)])
+def test_cuda_mha_128_row_tiles_queries_past_page_table(kernel, mask, window, monkeypatch):
+    """Query positions far past the page table (cache + rows > max_pages * page_size): keys past it do not exist
+    (docs/SEMANTICS.md), so a window or chunk that lies past them sees none, and such rows put tiles wholly past the
+    keys into their tile's key range. The kernels zero those tiles' V rows from row 0 (a negative start row wrote
+    shared memory below the tile: other items' K/V and Q in the persistent kernel, and past the CTA's window)."""
+    use_128_row_kernel(monkeypatch, kernel)
+    rng = np.random.default_rng(len(mask) + len(kernel))
+    hkv, group, d, page, max_pages = 2, 4, 128, 16, 32  # S_max = 512
+    s_max = page * max_pages
+    n = [1000, 300, 40, 700]
+    cache_len = [500, 0, 600, 100]  # 600: past S_max, read as S_max
+    batch = RaggedBatch(n, cache_len, sum(n) + 3)
+    tokens = [min(c + m, s_max) for c, m in zip(cache_len, n)]
+    cache = make_paged_cache(rng, tokens, page_size=page, max_pages=max_pages, n_kv_heads=hkv, head_dim=d,
+                             dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, hkv * group, d), jnp.bfloat16)
+    args = (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut, 1)
+    kw = dict(mask_str=mask, local_window_size=window)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, implementation="native", max_prompt_length=1024, **kw))(
+        *args
+    )
+    assert_close(got, oracle.mha_ragged_paged(*args, **kw), budget_for(jnp.bfloat16))
+
+
 def test_cuda_mha_bad_values_do_not_fault():
     """Page ids past the pool, non-monotone offsets, huge cache lengths, layer out of range: masked, no fault."""
     rng = np.random.default_rng(3)

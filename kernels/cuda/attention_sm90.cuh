@@ -639,9 +639,9 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   // V rows of keys past the sequence that tile it's boxes brought in (the sequence's last tile): zero.
   auto zero_tail = [&](int it) {
     const int r0 = kmax - (tile_first + it) * BN;
-    if (r0 < BN)
+    if (r0 < BN)  // r0 < 0: a tile wholly past the keys (a window past a cache that overflows its page table)
       zero_rows_sw128<BN, D, Cfg::kThreads>(
-          sbase + Cfg::kQBytes + (it % STAGES) * 2 * Cfg::kKvTileBytes + Cfg::kKvTileBytes, r0, tid);
+          sbase + Cfg::kQBytes + (it % STAGES) * 2 * Cfg::kKvTileBytes + Cfg::kKvTileBytes, max(r0, 0), tid);
   };
   auto issue_qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, stage_k(it)); };
   auto issue_pv = [&](int it) { wg_pv<T, BN, D>(o, pf, stage_k(it) + Cfg::kKvTileBytes); };

@@ -295,8 +295,11 @@ __global__ void __launch_bounds__(384, 1)
       auto wait_v = [&](int j, int gj) {  // V of tile j landed; its rows past the sequence's keys are zeroed
         mbar_wait_ws(bar(C::kBarVFull + gj % S), (gj / S) & 1);
         const int n_exist = kmax - (tile_first + j) * BN;
-        if (n_exist < BN) {  // the same tile for both warpgroups: both take this branch
-          zero_rows_sw128<BN, D, C::kConsumerThreads>(sbase + C::kOffV + (gj % S) * C::kTileBytes, n_exist, ctid);
+        // The same tile for both warpgroups: both take this branch. n_exist < 0: a tile wholly past the keys (a
+        // window past a cache that overflows its page table puts such tiles in the key range).
+        if (n_exist < BN) {
+          zero_rows_sw128<BN, D, C::kConsumerThreads>(sbase + C::kOffV + (gj % S) * C::kTileBytes, max(n_exist, 0),
+                                                      ctid);
           fence_proxy_async();
           named_sync<2>(C::kConsumerThreads);
         }

@@ -76,7 +76,8 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
                fa.numRegs >= DenseWs<D>::kLaunchRegs;
       }();
       CUtensorMap qmap;
-      if (ws_regs_ok && items <= INT32_MAX && make_dense_q_map<T, D>(a, &qmap)) {
+      // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
+      if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
         using CW = DenseWs<D>;
         static const int sms = [] {
           int dev = 0, n = 0;

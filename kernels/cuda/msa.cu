@@ -757,7 +757,8 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
              fa.numRegs >= MsaPrefillWs::kLaunchRegs;
     }();
     CUtensorMap qmap;
-    if (ws_regs_ok && ws_items <= INT32_MAX && make_msa_q_map(m, &qmap)) {
+    // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
+    if (ws_regs_ok && ws_items <= INT32_MAX / 4 && make_msa_q_map(m, &qmap)) {
       // persistent: one CTA per SM (or per work item when there are fewer)
       int dev = 0, sms = 0;
       cudaGetDevice(&dev);
