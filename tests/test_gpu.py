@@ -510,6 +510,34 @@ def test_cuda_mha_128_row_tiles_queries_past_page_table(kernel, mask, window, mo
     assert_close(got, oracle.mha_ragged_paged(*args, **kw), budget_for(jnp.bfloat16))
 
 
+@pytest.mark.parametrize("kernel", KERNELS_128)
+def test_cuda_mha_positions_near_2_31(kernel, monkeypatch):
+    """A page table of pages of 128 just short of 2^31 keys and a cache length of 2^31 - 1: the query positions
+    run up to S_max + T - 1. Where that is below 2^31 the call runs (every page is missing, so the output is 0),
+    on 8-, 64- and 128-row tiles and with windows and chunks that lie past the keys; where it is not, the handler
+    refuses the call with an error (the kernels' key indices are int32: such positions read the page table 64 MB
+    before its start)."""
+    use_128_row_kernel(monkeypatch, kernel)
+    rng = np.random.default_rng(29)
+    page = 128
+    kv = rand(rng, (4, 2, 1, page, 2, 128), jnp.bfloat16)
+    cl = np.array([2**31 - 1], np.int32)
+    lut = jnp.full((1, (2**31 - 1 - 256) // page), -1, jnp.int32)  # S_max + 256 < 2^31
+    for t, hint in ((1, {}), (200, {}), (256, {"max_prompt_length": 1024})):
+        q = rand(rng, (t, 8, 128), jnp.bfloat16)
+        offs = np.array([0, t], np.int32)
+        for mask, w in (("sliding_window_causal", 8), ("chunked_causal", 64), ("sliding_window_noncausal", 8)):
+            got = jax.jit(lambda *a, _m=mask, _w=w, _h=hint: msa_ops.mha_ragged_paged(
+                *a, mask_str=_m, local_window_size=_w, implementation="native", **_h))(q, offs, kv, cl, lut, 0)
+            assert np.all(np.asarray(got, np.float32) == 0), (t, mask)
+    lut = jnp.full((1, 2**24 - 1), -1, jnp.int32)  # S_max = 2^31 - 128: with 256 rows, positions pass 2^31
+    q = rand(rng, (256, 8, 128), jnp.bfloat16)
+    with pytest.raises(Exception, match="query rows must be < 2"):
+        jax.block_until_ready(jax.jit(lambda *a: msa_ops.mha_ragged_paged(
+            *a, mask_str="sliding_window_causal", local_window_size=8, implementation="native",
+            max_prompt_length=1024))(q, np.array([0, 256], np.int32), kv, cl, lut, 0))
+
+
 def test_cuda_mha_bad_values_do_not_fault():
     """Page ids past the pool, non-monotone offsets, huge cache lengths, layer out of range: masked, no fault."""
     rng = np.random.default_rng(3)

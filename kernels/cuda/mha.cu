@@ -244,7 +244,9 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
   if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(kv, 1) != 2 || dim(kv, 5) != D || dim(lut, 0) != B)
     return invalid(target, "bad shapes");
-  if (dim(lut, 1) * dim(kv, 3) >= (int64_t{1} << 31)) return invalid(target, "max_pages * page_size must be < 2^31");
+  // Query positions reach S_max + T - 1: the kernels' int32 key indices must hold them.
+  if (dim(lut, 1) * dim(kv, 3) + T >= (int64_t{1} << 31))
+    return invalid(target, "max_pages * page_size + query rows must be < 2^31");
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
   a.out = out->untyped_data();
@@ -269,7 +271,9 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
   if (Hkv < 1 || H % Hkv != 0 || dim(kv, 1) != 2 || dim(kv, 5) != D || dim(lut, 0) != B)
     return invalid(target, "bad shapes");
-  if (dim(lut, 1) * dim(kv, 3) >= (int64_t{1} << 31)) return invalid(target, "max_pages * page_size must be < 2^31");
+  // Query positions reach S_max + S - 1: the kernels' int32 key indices must hold them.
+  if (dim(lut, 1) * dim(kv, 3) + S >= (int64_t{1} << 31))
+    return invalid(target, "max_pages * page_size + query rows must be < 2^31");
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
   a.out = out->untyped_data();
