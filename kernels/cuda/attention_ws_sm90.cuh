@@ -62,29 +62,16 @@ struct DenseWs {
   static_assert(D == 64 || D == 128, "head dim");
 };
 
-// Host: Q of the call as [rows][Hkv][group][D] in boxes of (128 / group tokens) x group heads x 64 columns (a
-// query tile's 128 packed rows, 128-byte swizzle), or false (group not dividing 128, no driver encoder,
-// MSA_OPS_DENSE_WS=0): then attention_sm90_kernel serves the call.
+// Host: Q of the call for the loader's TMA (make_heads_q_map), or false (group not dividing 128, Q not 16-byte
+// aligned, no driver encoder, MSA_OPS_DENSE_WS=0): then attention_sm90_kernel serves the call.
 template <typename T, int D>
 bool make_dense_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
   const char* env = std::getenv("MSA_OPS_DENSE_WS");
   if (env != nullptr && env[0] == '0') return false;
-  constexpr int BM = DenseWs<D>::kBlockM;
-  if (a.group < 1 || a.group > BM || BM % a.group != 0 || a.total_rows < 1) return false;
   if ((reinterpret_cast<uintptr_t>(a.q) & 15) != 0) return false;
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
   const CUtensorMapDataType dt =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.group),
-                              static_cast<cuuint64_t>(a.Hkv), static_cast<cuuint64_t>(a.total_rows)};
-  const cuuint64_t strides[3] = {D * 2, static_cast<cuuint64_t>(a.group) * D * 2,
-                                 static_cast<cuuint64_t>(a.H) * D * 2};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(a.group), 1, static_cast<cuuint32_t>(BM / a.group)};
-  const cuuint32_t ones[4] = {1, 1, 1, 1};
-  return encode(qmap, dt, 4, const_cast<void*>(a.q), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return make_heads_q_map(a.q, dt, D, a.total_rows, a.H, a.Hkv, a.group, DenseWs<D>::kBlockM, qmap);
 }
 
 // tiles_x: the query tiles of the call (locate_tile's numbering); the items are tiles_x x Hkv x partitions, walked

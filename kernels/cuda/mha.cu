@@ -69,22 +69,12 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv)) {
       // The warp-specialized persistent kernel where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
       const int64_t items = static_cast<int64_t>(grid_x) * a.Hkv * grid.z;
-      // setmaxnreg hands the producer's registers to the consumers: the launch must hold the whole pool.
-      static const bool ws_regs_ok = [] {
-        cudaFuncAttributes fa{};
-        return cudaFuncGetAttributes(&fa, attention_ws_sm90_kernel<T, D>) == cudaSuccess &&
-               fa.numRegs >= DenseWs<D>::kLaunchRegs;
-      }();
+      static const bool ws_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kLaunchRegs);
       CUtensorMap qmap;
       // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
       if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
         using CW = DenseWs<D>;
-        static const int sms = [] {
-          int dev = 0, n = 0;
-          cudaGetDevice(&dev);
-          cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-          return n > 0 ? n : 1;
-        }();
+        const int sms = device_sm_count();
         const int ws_grid = static_cast<int>(items < sms ? items : sms);  // persistent: one CTA per SM at most
         auto kernel = attention_ws_sm90_kernel<T, D>;
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CW::kSmemAlloc);

@@ -717,25 +717,13 @@ bool use_prefill_sm90(const MsaArgs& m) {
          m.max_pages <= MsaPrefillSm90::kMaxPages && use_wgmma();
 }
 
-// Q of the prefill route as [T][Hkv][group][128] in boxes of 128 / group tokens x group heads x 64 columns (one
-// 128-row packed tile per pair of boxes): the warp-specialized kernel's Q loads. False when the group does not
+// Q of the prefill route for the warp-specialized kernel's loader (make_heads_q_map). False when the group does not
 // divide 128, the encoder is missing, or MSA_OPS_MSA_PREFILL_WS=0.
 bool make_msa_q_map(const MsaArgs& m, CUtensorMap* qmap) {
   const char* env = std::getenv("MSA_OPS_MSA_PREFILL_WS");
   if (env != nullptr && env[0] == '0') return false;
-  if (m.group < 1 || m.group > MsaPrefillWs::kBlockM || MsaPrefillWs::kBlockM % m.group != 0 || m.T < 1) return false;
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[4] = {kD, static_cast<cuuint64_t>(m.group), static_cast<cuuint64_t>(m.Hkv),
-                              static_cast<cuuint64_t>(m.T)};
-  const cuuint64_t strides[3] = {kD * 2, static_cast<cuuint64_t>(m.group) * kD * 2,
-                                 static_cast<cuuint64_t>(m.H) * kD * 2};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(m.group), 1,
-                             static_cast<cuuint32_t>(MsaPrefillWs::kBlockM / m.group)};
-  const cuuint32_t ones[4] = {1, 1, 1, 1};
-  return encode(qmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(m.q), dims, strides, box, ones,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return make_heads_q_map(m.q, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kD, m.T, m.H, m.Hkv, m.group, MsaPrefillWs::kBlockM,
+                          qmap);
 }
 
 template <typename KV>
@@ -750,20 +738,12 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     static_assert(MsaPrefillWs::kBlockM == MsaPrefillSm90::kBlockM, "one query tiling for both prefill kernels");
     const int64_t tiles_x = m.B + ceil_div(static_cast<int64_t>(m.T) * m.group, MsaPrefillSm90::kBlockM);
     const int64_t ws_items = tiles_x * m.Hkv;
-    // setmaxnreg hands the producer's registers to the consumers: the launch must hold the whole pool.
-    static const bool ws_regs_ok = [] {
-      cudaFuncAttributes fa{};
-      return cudaFuncGetAttributes(&fa, msa_prefill_ws_sm90_kernel) == cudaSuccess &&
-             fa.numRegs >= MsaPrefillWs::kLaunchRegs;
-    }();
+    static const bool ws_regs_ok = kernel_holds_regs(msa_prefill_ws_sm90_kernel, MsaPrefillWs::kLaunchRegs);
     CUtensorMap qmap;
     // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
     if (ws_regs_ok && ws_items <= INT32_MAX / 4 && make_msa_q_map(m, &qmap)) {
-      // persistent: one CTA per SM (or per work item when there are fewer)
-      int dev = 0, sms = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      const int grid = static_cast<int>(ws_items < sms ? ws_items : (sms > 0 ? sms : 1));
+      const int sms = device_sm_count();  // persistent: one CTA per SM (or per work item when there are fewer)
+      const int grid = static_cast<int>(ws_items < sms ? ws_items : sms);
       auto kernel = msa_prefill_ws_sm90_kernel;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillWs::kSmemAlloc);
       kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(a, kv, qmap, m.d_indices, m.topk,

@@ -44,6 +44,45 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 #endif
 
+// ---- host: the launch of a persistent kernel
+
+// The SMs of the current device: a persistent launch's CTAs at most.
+inline int device_sm_count() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return n > 0 ? n : 1;
+}
+
+// Whether `kernel` was compiled with at least `regs` registers a thread: setmaxnreg hands the producer's registers
+// to the consumers, so the launch must hold the whole pool.
+template <typename Kernel>
+bool kernel_holds_regs(Kernel kernel, int regs) {
+  cudaFuncAttributes fa{};
+  return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.numRegs >= regs;
+}
+
+// Q of a call, [rows][Hkv][group][d] elements of type dt, as a TMA map in boxes of (bm / group tokens) x group heads
+// x 64 columns with the 128-byte swizzle: one bm-row packed query tile per d / 64 boxes. False when the group does
+// not divide bm, there are no rows, or the driver's encoder is missing.
+inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64_t rows, int H, int Hkv, int group,
+                             int bm, CUtensorMap* qmap) {
+  if (group < 1 || group > bm || bm % group != 0 || rows < 1) return false;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(group),
+                              static_cast<cuuint64_t>(Hkv), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(d) * 2, static_cast<cuuint64_t>(group) * d * 2,
+                                 static_cast<cuuint64_t>(H) * d * 2};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(group), 1, static_cast<cuuint32_t>(bm / group)};
+  const cuuint32_t ones[4] = {1, 1, 1, 1};
+  return encode(qmap, dt, 4, const_cast<void*>(q), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// ---- device: the walk
+
 // The walk over the work items (query tile x `per_tile` items of it: kv heads, or kv heads x split-K partitions),
 // heaviest first. A tile weighs about its last row's keys (causal), so the last tiles of the sequences come first:
 // with several sequences, item w is (w % per_tile, tile k = w / per_tile / B from the end of sequence
