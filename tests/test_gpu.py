@@ -443,6 +443,38 @@ def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
     assert_close(got, oracle.mha_padded_no_cache(qp, kp, vp, vl, **kw), budget_for(dtype))
 
 
+@pytest.mark.parametrize("kernel", KERNELS_128)
+def test_cuda_unowned_rows_past_the_zeroing_grid(kernel, monkeypatch):
+    """More rows owned by no sequence than the zeroing kernel has blocks (1024, striding over them), on the 128-row
+    tile with the output poisoned first: ragged queries with 700 rows before offsets[0] and 900 past offsets[B],
+    and padded queries whose padding rows reach past row 1024 (valid lengths 5, 700, 0 of 700). Those rows are 0
+    and the others match the oracle."""
+    use_128_row_kernel(monkeypatch, kernel)
+    rng = np.random.default_rng(77)
+    hkv, group, d = 2, 4, 128
+    h = hkv * group
+    n, nk = [200, 1, 130], [230, 5, 130]
+    lead, tail = 700, 900
+    qo = np.concatenate([[lead], lead + np.cumsum(n)]).astype(np.int32)
+    ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
+    T = int(qo[-1]) + tail
+    q = rand(rng, (T, h, d), jnp.bfloat16)
+    k = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
+    v = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
+    f = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str="causal", implementation="native"))
+    got = run_on_poisoned_output(f, (q, k, v, qo, ko), (T, h, d), lead, tail)
+    assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str="causal"), budget_for(jnp.bfloat16))
+    s = 700
+    vl = np.array([5, 700, 0], np.int32)
+    qp = rand(rng, (3, s, h, d), jnp.bfloat16)
+    kp = rand(rng, (3, s, hkv, d), jnp.bfloat16)
+    vp = rand(rng, (3, s, hkv, d), jnp.bfloat16)
+    fp = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, mask_str="causal", implementation="native"))
+    got = run_on_poisoned_output(fp, (qp, kp, vp, vl), (3, s, h, d), 0, 1)
+    assert np.all(got[0, 5:] == 0)
+    assert_close(got, oracle.mha_padded_no_cache(qp, kp, vp, vl, mask_str="causal"), budget_for(jnp.bfloat16))
+
+
 WS_MANY_ITEMS_CASES = [
     # (query rows per sequence, cache lengths, group, page, mask, partitions)
     ([int(x) for x in np.random.default_rng(1).integers(1, 700, 40)],

@@ -1332,20 +1332,52 @@ __device__ __forceinline__ bool row_owned(const AttentionArgs& a, int t) {
   return t >= lo && t < hi;
 }
 
-// Rows owned by no sequence output 0 (one block per row).
+// Rows owned by no sequence output 0. A grid of at most kZeroRowsBlocks blocks strides over them: ragged, each block
+// finds the owned range [eff[0], eff[B]) once and visits only the rows outside it, so that a call whose rows are all
+// owned costs one small wave (one block per row of a 16k-row call took 12.4 us on an H200, 5% of a dense prefill
+// call at S = 512; benchmarks/NOTES_mha.md v27); padded, each block tests its rows.
+constexpr int kZeroRowsBlocks = 1024;
 template <typename T>
 __global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
   using M = Mma<T>;
-  const int t = blockIdx.x;
-  __shared__ int owned_s;
+  const int64_t T_ = a.total_rows;
+  // 16-byte stores where every row starts 16-byte aligned.
+  const bool wide = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0 && (row_elems * sizeof(T)) % 16 == 0;
+  auto zero_row = [&](int64_t t) {
+    T* out = static_cast<T*>(a.out) + t * row_elems;
+    if (wide) {
+      for (int e = threadIdx.x * 8; e < row_elems; e += blockDim.x * 8)
+        *reinterpret_cast<uint4*>(out + e) = make_uint4(0, 0, 0, 0);
+    } else {
+      for (int e = threadIdx.x; e < row_elems; e += blockDim.x) out[e] = M::from_float(0.f);
+    }
+  };
+  if (a.q_mode == kQPadded) {
+    for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+      const int64_t b = t / a.seq_rows, i = t % a.seq_rows;
+      if (i >= iclamp(a.valid_lengths[b], 0, a.seq_rows)) zero_row(t);  // the same test in every thread
+    }
+    return;
+  }
+  __shared__ int64_t range_s[2];
   if (threadIdx.x < 32) {
-    const bool owned = row_owned(a, t);
-    if (threadIdx.x == 0) owned_s = owned ? 1 : 0;
+    const int64_t lo = imin(imax(0, a.q_offsets[0]), T_);
+    const int64_t hi = imin(imax(lo, warp_max_prefix(a.q_offsets, a.batch)), T_);
+    if (threadIdx.x == 0) {
+      range_s[0] = lo;
+      range_s[1] = hi;
+    }
   }
   __syncthreads();
-  if (owned_s) return;
-  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(t) * row_elems;
-  for (int e = threadIdx.x; e < row_elems; e += blockDim.x) out[e] = M::from_float(0.f);
+  const int64_t lo = range_s[0], hi = range_s[1];
+  const int64_t unowned = lo + (T_ - hi);
+  for (int64_t j = blockIdx.x; j < unowned; j += gridDim.x) zero_row(j < lo ? j : hi + (j - lo));
+}
+// The launch of zero_unowned_rows_kernel for a call of total_rows rows (> 0).
+template <typename T>
+void launch_zero_unowned_rows(const AttentionArgs& a, int row_elems, cudaStream_t stream) {
+  const int blocks = static_cast<int>(imin(a.total_rows, static_cast<int64_t>(kZeroRowsBlocks)));
+  zero_unowned_rows_kernel<T><<<blocks, 128, 0, stream>>>(a, row_elems);
 }
 
 // Split-K: owned rows merge their partitions in log2 space, the sink entering once; unowned rows output 0.

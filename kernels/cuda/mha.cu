@@ -131,7 +131,7 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     if (a.num_partitions > 1 && !clustered)
       split_k_combine_kernel<T, D><<<dim3(a.total_rows, a.H), D, 0, stream>>>(a);
     else
-      zero_unowned_rows_kernel<T><<<a.total_rows, 128, 0, stream>>>(a, a.H * D);
+      launch_zero_unowned_rows<T>(a, a.H * D, stream);
     return check_launch(target);
   }
   return Error::Success();

@@ -780,7 +780,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     if (m.num_partitions > 1)
       split_k_combine_kernel<__nv_bfloat16, kD><<<dim3(m.T, m.H), kD, 0, stream>>>(a);
     else
-      zero_unowned_rows_kernel<__nv_bfloat16><<<m.T, 128, 0, stream>>>(a, m.H * kD);
+      launch_zero_unowned_rows<__nv_bfloat16>(a, m.H * kD, stream);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": epilogue launch failed: " + cudaGetErrorString(e));
   }
