@@ -132,13 +132,16 @@ __global__ void __launch_bounds__(384, 1)
     for (int r = 0;; ++r) {
       const int w = ws_walk(r);
       if (w >= sOrder[2]) break;  // the number of items
-      const WsItem it = ws_item(sOrder, w, tiles_x, per_tile);
+      if (lane == 0) ws_stamp(0, qi, 0);  // loader stamps: item start, placed, Q buffer free, Q issued,
+      const WsItem it = ws_item(sOrder, w, tiles_x, per_tile);  // key range known, K 0 issued, all issued
       if (it.x_tile < 0) continue;
       const int hkv = it.sub % a.Hkv, part = it.sub / a.Hkv;
       const SeqTile st = locate_tile<BM>(a, it.x_tile);
       const int qb = qi & 1;
       if (lane == 0) {
+        ws_stamp(0, qi, 1);
         mbar_wait_ws(bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
+        ws_stamp(0, qi, 2);
         sItem[qb] = DenseWsItem{st, hkv, part};  // written before the buffer's full barrier is arrived on
         if (st.b >= 0) {
           mbar_expect_tx(bar(C::kBarQFull + qb), C::kTileBytes);
@@ -150,10 +153,12 @@ __global__ void __launch_bounds__(384, 1)
         } else {
           mbar_arrive(bar(C::kBarQFull + qb));
         }
+        ws_stamp(0, qi, 3);
       }
-      ++qi;
+      const int nth = qi++;  // this item's Q buffer hand-over
       if (st.b < 0) continue;
       const TileKeys tk = tile_keys<BM, BN>(a, st, part);
+      if (lane == 0) ws_stamp(0, nth, 4);
       const int kmax = static_cast<int>(st.kmax);
       const int32_t* lut_row = paged ? a.lookup + static_cast<int64_t>(st.b) * a.max_pages : nullptr;
       // Lane i < nbox: the page-table entry of box i of `tile` (-1 past the keys), unchecked (pool_page, at use).
@@ -207,11 +212,13 @@ __global__ void __launch_bounds__(384, 1)
         const int tile = tk.tile_first + j;
         const int32_t e_next = j + 1 < n ? fetch(tile + 1) : -1;
         issue(tile, gk + j, false, e_cur);
+        if (j == 0 && lane == 0) ws_stamp(0, nth, 5);
         if (j > 0) issue(tile - 1, gk + j - 1, true, e_prev);
         e_prev = e_cur;
         e_cur = e_next;
       }
       if (n > 0) issue(tk.tile_first + n - 1, gk + n - 1, true, e_prev);
+      if (lane == 0) ws_stamp(0, nth, 6);
       gk += n;
     }
   } else {
@@ -237,7 +244,11 @@ __global__ void __launch_bounds__(384, 1)
       const WsItem it = ws_item(sOrder, w, tiles_x, per_tile);
       if (it.x_tile < 0) continue;
       const int qb = qi & 1;
+      // consumer stamps: item start, Q landed, K 0 landed, first turn, first step done, last step done, last P.V
+      // done, rows stored
+      if (ctid == 0) ws_stamp(1, qi, 0);
       mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
+      if (ctid == 0) ws_stamp(1, qi, 1);
       const DenseWsItem item = sItem[qb];  // the loader's locate_tile
       const SeqTile& st = item.st;
       if (st.b < 0) {  // past the last tile: the buffer holds no Q
@@ -317,7 +328,9 @@ __global__ void __launch_bounds__(384, 1)
       };
       if (n > 0) {
         wait_k(g);
+        if (ctid == 0) ws_stamp(1, qi, 2);
         turn();
+        if (ctid == 0) ws_stamp(1, qi, 3);
         wgmma_fence();
         wg_qk<T, BM, BN, D>(s, q_wg, sK(g));
         pass();
@@ -326,6 +339,7 @@ __global__ void __launch_bounds__(384, 1)
         mbar_arrive(bar(C::kBarKEmpty + g % S));
         softmax(0);
         wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
+        if (ctid == 0) ws_stamp(1, qi, 4);
         for (int j = 1; j < n; ++j) {
           wait_k(g + j);
           wait_v(j - 1, g + j - 1);
@@ -344,6 +358,7 @@ __global__ void __launch_bounds__(384, 1)
           mbar_arrive(bar(C::kBarVEmpty + (g + j - 1) % S));
           wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
         }
+        if (ctid == 0) ws_stamp(1, qi, 5);
         wait_v(n - 1, g + n - 1);
         fence_regs<ND * 4>(o);
         turn();
@@ -353,6 +368,7 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         fence_regs<ND * 4>(o);
         mbar_arrive(bar(C::kBarVEmpty + (g + n - 1) % S));
+        if (ctid == 0) ws_stamp(1, qi, 6);
       }
       g += n;
       if (a.num_partitions <= 1) {
@@ -365,6 +381,7 @@ __global__ void __launch_bounds__(384, 1)
         wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, part, l_run, m_run, o, lane);
       }
       mbar_arrive(bar(C::kBarQEmpty + qb));
+      if (ctid == 0) ws_stamp(1, qi, 7);
       ++qi;
     }
   }

@@ -348,3 +348,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_ragged_no_cache, msa_ops::cuda::MhaRag
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_padded_no_cache, msa_ops::cuda::MhaPaddedNoCache,
                               MSA_OPS_SIG_MHA_PADDED_NO_CACHE(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {msa_ops::ffi::Traits::kCmdBufferCompatible});
+
+#if defined(MSA_OPS_WS_STAMPS)
+// Profiling builds: copies the persistent prefill kernel's phase stamps (ws_sm90.cuh) into `out`
+// ([2][kWsStampItems][kWsStampPoints] int64); returns the cudaError_t.
+extern "C" __attribute__((visibility("default"))) int msa_ops_ws_stamps(long long* out) {
+  return static_cast<int>(
+      cudaMemcpyFromSymbol(out, msa_ops::cuda::g_ws_stamps, sizeof(msa_ops::cuda::g_ws_stamps)));
+}
+#endif

@@ -44,6 +44,20 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 #endif
 
+// Per-item phase stamps, for profiling builds only (CMake -DMSA_OPS_WS_STAMPS=ON): clock64() at fixed points of
+// CTA kWsStampCta's first kWsStampItems items, role 0 the loader, role 1 the first consumer thread, read back after
+// a call by msa_ops_ws_stamps() (mha.cu; scripts/probe_ws_stamps.py). Plain stores to a __device__ array: no
+// printf, whose call would split the consumers' wgmma pipeline. Compiled out otherwise.
+constexpr int kWsStampCta = 5, kWsStampItems = 64, kWsStampPoints = 8;
+#if defined(MSA_OPS_WS_STAMPS)
+__device__ long long g_ws_stamps[2][kWsStampItems][kWsStampPoints];
+__device__ __forceinline__ void ws_stamp(int role, int item, int point) {
+  if (blockIdx.x == kWsStampCta && item < kWsStampItems) g_ws_stamps[role][item][point] = clock64();
+}
+#else
+__device__ __forceinline__ void ws_stamp(int, int, int) {}
+#endif
+
 // ---- host: the launch of a persistent kernel
 
 // The SMs of the current device: a persistent launch's CTAs at most.
