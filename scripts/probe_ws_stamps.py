@@ -24,13 +24,26 @@ CONSUMER = ["start", "Q landed", "K 0 landed", "first turn", "first step done", 
 LOADER = ["start", "placed", "Q buffer free", "Q issued", "key range", "K 0 issued", "all issued"]
 
 
-def stamps():
+def _lib():
     path = _native.info()["platforms"]["cuda"]["library"]
     lib = ctypes.CDLL(path)
     if not hasattr(lib, "msa_ops_ws_stamps"):
         raise SystemExit(f"{path} is not a profiling build (-DMSA_OPS_WS_STAMPS=ON)")
+    return lib
+
+
+def reset():
+    """Zeroes the stamps (a synchronous copy)."""
     buf = np.zeros((2, 64, 8), np.int64)
-    rc = lib.msa_ops_ws_stamps(buf.ctypes.data_as(ctypes.c_void_p))
+    rc = _lib().msa_ops_ws_stamps_set(buf.ctypes.data_as(ctypes.c_void_p))
+    if rc != 0:
+        raise SystemExit(f"msa_ops_ws_stamps_set: CUDA error {rc}")
+
+
+def stamps():
+    """[role][item][point]: role 0 the loader, role 1 the first consumer thread."""
+    buf = np.zeros((2, 64, 8), np.int64)
+    rc = _lib().msa_ops_ws_stamps(buf.ctypes.data_as(ctypes.c_void_p))
     if rc != 0:
         raise SystemExit(f"msa_ops_ws_stamps: CUDA error {rc}")
     return buf
@@ -46,12 +59,13 @@ def run(s, mask, ghz):
     offs = jnp.arange(b + 1, dtype=jnp.int32) * s
     f = jax.jit(lambda q, k, v: msa_ops.mha_ragged_no_cache(q, k, v, offs, mask_str=mask, implementation="native"))
     jax.block_until_ready(f(q, k, v))
+    reset()  # every call stamps the same items: after the timed calls the array holds the last call's
     t0 = time.perf_counter()
     for _ in range(20):
         r = f(q, k, v)
     jax.block_until_ready(r)
     dt = (time.perf_counter() - t0) / 20
-    c, l = stamps()  # the last call's stamps (earlier calls' stay where the last call wrote none)
+    l, c = stamps()  # role 0: the loader, role 1: the consumer
     cyc = ghz * 1e3  # cycles per us
     n = 1
     while n < 64 and c[n, 0] > c[n - 1, 0]:

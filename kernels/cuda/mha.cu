@@ -356,4 +356,9 @@ extern "C" __attribute__((visibility("default"))) int msa_ops_ws_stamps(long lon
   return static_cast<int>(
       cudaMemcpyFromSymbol(out, msa_ops::cuda::g_ws_stamps, sizeof(msa_ops::cuda::g_ws_stamps)));
 }
+// Overwrites the stamps with `in` (zeros, to clear them); returns the cudaError_t.
+extern "C" __attribute__((visibility("default"))) int msa_ops_ws_stamps_set(const long long* in) {
+  return static_cast<int>(
+      cudaMemcpyToSymbol(msa_ops::cuda::g_ws_stamps, in, sizeof(msa_ops::cuda::g_ws_stamps)));
+}
 #endif
