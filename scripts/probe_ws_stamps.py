@@ -22,6 +22,7 @@ from msa_ops import _native
 CONSUMER = ["start", "Q landed", "K 0 landed", "first turn", "first step done", "last step done", "last P.V done",
             "stored"]
 LOADER = ["start", "placed", "Q buffer free", "Q issued", "key range", "K 0 issued", "all issued"]
+SHAPE = (2, 64, 8)  # ws_sm90.cuh: roles, kWsStampItems, kWsStampPoints
 
 
 def _lib():
@@ -34,7 +35,7 @@ def _lib():
 
 def reset():
     """Zeroes the stamps (a synchronous copy)."""
-    buf = np.zeros((2, 64, 8), np.int64)
+    buf = np.zeros(SHAPE, np.int64)
     rc = _lib().msa_ops_ws_stamps_set(buf.ctypes.data_as(ctypes.c_void_p))
     if rc != 0:
         raise SystemExit(f"msa_ops_ws_stamps_set: CUDA error {rc}")
@@ -42,7 +43,7 @@ def reset():
 
 def stamps():
     """[role][item][point]: role 0 the loader, role 1 the first consumer thread."""
-    buf = np.zeros((2, 64, 8), np.int64)
+    buf = np.zeros(SHAPE, np.int64)
     rc = _lib().msa_ops_ws_stamps(buf.ctypes.data_as(ctypes.c_void_p))
     if rc != 0:
         raise SystemExit(f"msa_ops_ws_stamps: CUDA error {rc}")

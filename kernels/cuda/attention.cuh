@@ -218,6 +218,19 @@ __device__ __forceinline__ int64_t warp_max_prefix(const int32_t* offsets, int l
   return m;
 }
 
+// Ragged queries: the rows the sequences own, [eff[0], eff[B]) of the repaired offsets (running max, clamped to
+// [0, T]); the others output 0.
+struct OwnedRows {
+  int64_t lo, hi;  // lo <= hi
+};
+__device__ __forceinline__ int64_t first_owned_row(const AttentionArgs& a) {  // eff[0]
+  return imin(imax(0, a.q_offsets[0]), a.total_rows);
+}
+// Called by a whole warp (warp_max_prefix).
+__device__ __forceinline__ OwnedRows owned_rows(const AttentionArgs& a) {
+  const int64_t lo = first_owned_row(a);
+  return OwnedRows{lo, imin(imax(lo, warp_max_prefix(a.q_offsets, a.batch)), a.total_rows)};
+}
 // A page-table entry as a page of the pool, or -1 when it names none (negative, or past the pool).
 __device__ __forceinline__ int pool_page(const AttentionArgs& a, int32_t entry) {
   return (entry >= 0 && entry < a.num_blocks) ? entry : -1;
@@ -267,7 +280,7 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
     // scans 32 sequences at a time (max-scan of the offsets, sum-scan of the tile counts) so a CTA finds its
     // sequence in B/32 steps of parallel loads rather than B dependent ones.
     const int lane = threadIdx.x & 31;
-    int64_t carry = imin(imax(0, a.q_offsets[0]), a.total_rows);  // eff[base]
+    int64_t carry = first_owned_row(a);  // eff[base]
     int first = 0;                                                // tiles before sequence `base`
     for (int base = 0; base < a.batch; base += 32) {
       const int b = base + lane;
@@ -1327,9 +1340,8 @@ __device__ __forceinline__ bool row_owned(const AttentionArgs& a, int t) {
     const int b = t / a.seq_rows, i = t % a.seq_rows;
     return i < iclamp(a.valid_lengths[b], 0, a.seq_rows);
   }
-  const int64_t lo = imin(imax(0, a.q_offsets[0]), a.total_rows);
-  const int64_t hi = imin(imax(lo, warp_max_prefix(a.q_offsets, a.batch)), a.total_rows);
-  return t >= lo && t < hi;
+  const OwnedRows own = owned_rows(a);
+  return t >= own.lo && t < own.hi;
 }
 
 // Rows owned by no sequence output 0. A grid of at most kZeroRowsBlocks blocks strides over them: ragged, each block
@@ -1359,17 +1371,13 @@ __global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
     }
     return;
   }
-  __shared__ int64_t range_s[2];
+  __shared__ OwnedRows own_s;
   if (threadIdx.x < 32) {
-    const int64_t lo = imin(imax(0, a.q_offsets[0]), T_);
-    const int64_t hi = imin(imax(lo, warp_max_prefix(a.q_offsets, a.batch)), T_);
-    if (threadIdx.x == 0) {
-      range_s[0] = lo;
-      range_s[1] = hi;
-    }
+    const OwnedRows own = owned_rows(a);
+    if (threadIdx.x == 0) own_s = own;
   }
   __syncthreads();
-  const int64_t lo = range_s[0], hi = range_s[1];
+  const int64_t lo = own_s.lo, hi = own_s.hi;
   const int64_t unowned = lo + (T_ - hi);
   for (int64_t j = blockIdx.x; j < unowned; j += gridDim.x) zero_row(j < lo ? j : hi + (j - lo));
 }

@@ -133,7 +133,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   const bool ragged = a.q_mode == kQRagged;
   int first = 0, longest = 0;
   if (ragged && a.batch <= kSeqs && !heads_slowest) {
-    int64_t carry = imin(imax(0, a.q_offsets[0]), a.total_rows);  // the repaired offsets of locate_tile
+    int64_t carry = first_owned_row(a);  // the repaired offsets of locate_tile
     for (int base = 0; base < a.batch; base += 32) {
       const int b = base + lane;
       int64_t eff_prev, eff_next;
