@@ -5,7 +5,8 @@ stamps of a profiling build (ws_sm90.cuh: CTA 5's first 64 items, clock64 at eac
   cmake --build /tmp/bst && MSA_OPS_LIBRARY_DIR=/tmp/bst python3 scripts/probe_ws_stamps.py [--ghz 1.75]
 
 BENCH.md's prefill shapes (bf16, D=128, H=16, B*S=16384, contiguous K/V). Cycles are converted at --ghz (ncu read
-1.73-1.76 GHz for this kernel on an H200). Prints, per shape, the medians over the CTA's items of each phase.
+1.73-1.76 GHz for this kernel on an H200). Prints, per shape, the medians over the CTA's items of each phase, and
+across the two roles (one SM's clock) when the loader issued each item's first K tile against the consumers' steps.
 """
 
 import argparse
@@ -79,6 +80,15 @@ def run(s, mask, ghz):
     print("item, start to start: %.2f" % (np.median(np.diff(c[:n, 0])) / cyc))
     dl = {name: np.median([l[i, j + 1] - l[i, j] for i in full]) / cyc for j, name in enumerate(LOADER[1:])}
     print("loader, from the previous point: " + ", ".join(f"{k} {v:.2f}" for k, v in dl.items()))
+    # Both roles stamp the same SM's clock, so their points compare directly (item i of one = item i of the other).
+    nxt = [i for i in full if i - 1 in full]
+    cross = {
+        "loader's item start after the consumers' previous last step": [l[i, 0] - c[i - 1, 5] for i in nxt],
+        "K 0 issued after the consumers' previous last step": [l[i, 5] - c[i - 1, 5] for i in nxt],
+        "K 0 issued before the consumers' item start": [c[i, 0] - l[i, 5] for i in full],
+        "K 0 landed (seen) after its issue": [c[i, 2] - l[i, 5] for i in full],
+    }
+    print("across roles: " + ", ".join(f"{k} {np.median(v) / cyc:.2f}" for k, v in cross.items() if v))
 
 
 def main():
