@@ -74,8 +74,8 @@ bool make_dense_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
   return make_heads_q_map(a.q, dt, D, a.total_rows, a.H, a.Hkv, a.group, DenseWs<D>::kBlockM, qmap);
 }
 
-// tiles_x: the query tiles of the call (locate_tile's numbering); the items are tiles_x x Hkv x partitions, walked
-// as `walk` (WsWalk) says.
+// tiles_x: the host's bound on the query tiles of the call (locate_tile's numbering); the items are the tiles
+// (counted by ws_order_build where it can, else tiles_x) x Hkv x partitions, walked as `walk` (WsWalk) says.
 template <typename T, int D>
 __global__ void __launch_bounds__(384, 1)
     attention_ws_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm,
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(384, 1)
       const int w = ws_walk(r);
       if (w >= sOrder[2]) break;  // the number of items
       if (lane == 0) ws_stamp(0, qi, 0);  // loader stamps: item start, placed, Q buffer free, Q issued,
-      const WsItem it = ws_item(sOrder, w, tiles_x, per_tile);  // key range known, K 0 issued, all issued
+      const WsItem it = ws_item(sOrder, w, per_tile);  // key range known, K 0 issued, all issued
       if (it.x_tile < 0) continue;
       const int hkv = it.sub % a.Hkv, part = it.sub / a.Hkv;
       const SeqTile st = locate_tile<BM>(a, it.x_tile);
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int r = 0;; ++r) {
       const int w = ws_walk(r);
       if (w >= sOrder[2]) break;
-      const WsItem it = ws_item(sOrder, w, tiles_x, per_tile);
+      const WsItem it = ws_item(sOrder, w, per_tile);
       if (it.x_tile < 0) continue;
       const int qb = qi & 1;
       // consumer stamps: item start, Q landed, K 0 landed, first turn, first step done, last step done, last P.V

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int r = 0;; ++r) {
         const int w = ws_walk(r);
         if (w >= sOrder[2]) break;  // the number of items
-        const WsItem it = ws_item(sOrder, w, tiles_x, a.Hkv);
+        const WsItem it = ws_item(sOrder, w, a.Hkv);
         if (it.x_tile < 0) continue;
         const SeqTile st = locate_tile<BM>(a, it.x_tile);
         // The tile goes to the consumers with its Q buffer (they skip it when it is past the last one): its
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int r = 0;; ++r) {
         const int w = ws_walk(r);
         if (w >= sOrder[2]) break;  // the number of items
-        const WsItem it = ws_item(sOrder, w, tiles_x, a.Hkv);
+        const WsItem it = ws_item(sOrder, w, a.Hkv);
         if (it.x_tile < 0) continue;
         const SeqTile st = locate_tile<BM>(a, it.x_tile);
         if (st.b < 0) continue;
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int r = 0;; ++r) {
       const int w = ws_walk(r);
       if (w >= sOrder[2]) break;
-      const WsItem it = ws_item(sOrder, w, tiles_x, a.Hkv);
+      const WsItem it = ws_item(sOrder, w, a.Hkv);
       if (it.x_tile < 0) continue;
       const int qb = qi & 1;
       mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);

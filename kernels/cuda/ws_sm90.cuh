@@ -116,7 +116,7 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
 constexpr int kWsOrderSeqs = 128;  // sequences the interleaved walk takes
 enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2 };
 constexpr int kWsBand = 32;
-constexpr int kWsOrderInts = 4 + 2 * kWsOrderSeqs;  // order[0..3] = interleave, B, items, WsWalk;
+constexpr int kWsOrderInts = 5 + 2 * kWsOrderSeqs;  // order[0..4] = interleave, B, items, WsWalk, tiles;
                                                      // then first[], tiles[]
 struct WsItem {
   int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
@@ -128,11 +128,15 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   const bool heads_slowest = walk == kWsHeadsSlowest;
   constexpr int kSeqs = kWsOrderSeqs;
   const int lane = threadIdx.x & 31;
-  int* first_t = order + 4;
+  int* first_t = order + 5;
   int* tiles_t = first_t + kSeqs;
   const bool ragged = a.q_mode == kQRagged;
   int first = 0, longest = 0;
-  if (ragged && a.batch <= kSeqs && !heads_slowest) {
+  // With at most kSeqs ragged sequences the tiles are counted here (B / 32 steps of parallel reads): the walk then
+  // holds just the tiles that exist, not tiles_x, the host's bound (up to B more), whose empty items fell unevenly
+  // on the CTAs (at S=512, B=32, Hkv=16: 12 to 19 real items a CTA for a mean of 15.5).
+  const bool counted = ragged && a.batch <= kSeqs;
+  if (counted) {
     int64_t carry = first_owned_row(a);  // the repaired offsets of locate_tile
     for (int base = 0; base < a.batch; base += 32) {
       const int b = base + lane;
@@ -157,20 +161,23 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   }
   if (lane == 0) {
     const int64_t slots = static_cast<int64_t>(a.batch) * longest;  // (tiles_x * per_tile fits an int: the host checks)
-    const bool inter = ragged && a.batch > 1 && a.batch <= kSeqs && longest > 0 &&
+    const bool inter = counted && !heads_slowest && a.batch > 1 && longest > 0 &&
                        slots <= 2 * static_cast<int64_t>(first) && slots * per_tile <= INT32_MAX;
+    const int tiles = counted ? min(first, tiles_x) : tiles_x;  // the tiles the walk covers
     order[0] = inter ? 1 : 0;
     order[1] = a.batch;
-    order[2] = static_cast<int>((inter ? slots : tiles_x) * per_tile);
+    order[2] = static_cast<int>((inter ? slots : tiles) * static_cast<int64_t>(per_tile));
     order[3] = walk;
+    order[4] = tiles;
   }
 }
 __device__ __forceinline__ int ws_walk(int r) {
   return r * static_cast<int>(gridDim.x) + ((r & 1) ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : blockIdx.x);
 }
 // Item w of the order that ws_order_build left in shared memory (read there at each item: no registers held).
-__device__ __forceinline__ WsItem ws_item(const int* order, int w, int tiles_x, int per_tile) {
-  if (order[3] == kWsHeadsSlowest) return WsItem{tiles_x - 1 - w % tiles_x, w / tiles_x};
+__device__ __forceinline__ WsItem ws_item(const int* order, int w, int per_tile) {
+  const int tiles = order[4];
+  if (order[3] == kWsHeadsSlowest) return WsItem{tiles - 1 - w % tiles, w / tiles};
   int v = w / per_tile, sub = w % per_tile;
   if (order[3] == kWsBanded) {  // band w / (kWsBand x per_tile): its tiles fastest
     const int band_items = kWsBand * per_tile;
@@ -179,11 +186,11 @@ __device__ __forceinline__ WsItem ws_item(const int* order, int w, int tiles_x, 
     v = band * kWsBand + r % vb;
     sub = r / vb;
   }
-  if (!order[0]) return WsItem{tiles_x - 1 - v, sub};
+  if (!order[0]) return WsItem{tiles - 1 - v, sub};
   const int B = order[1];
   const int k = v / B, b = v % B;
-  const int n = order[4 + kWsOrderSeqs + b];
-  return WsItem{k < n ? order[4 + b] + n - 1 - k : -1, sub};
+  const int n = order[5 + kWsOrderSeqs + b];
+  return WsItem{k < n ? order[5 + b] + n - 1 - k : -1, sub};
 }
 
 }  // namespace cuda
