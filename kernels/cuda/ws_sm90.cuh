@@ -116,8 +116,8 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
 constexpr int kWsOrderSeqs = 128;  // sequences the interleaved walk takes
 enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2 };
 constexpr int kWsBand = 32;
-constexpr int kWsOrderInts = 5 + 2 * kWsOrderSeqs;  // order[0..4] = interleave, B, items, WsWalk, tiles;
-                                                     // then first[], tiles[]
+constexpr int kWsOrderHead = 5;  // order[0..4] = interleave, B, items, WsWalk, tiles; then first[], tiles[]
+constexpr int kWsOrderInts = kWsOrderHead + 2 * kWsOrderSeqs;
 struct WsItem {
   int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
 };
@@ -128,7 +128,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   const bool heads_slowest = walk == kWsHeadsSlowest;
   constexpr int kSeqs = kWsOrderSeqs;
   const int lane = threadIdx.x & 31;
-  int* first_t = order + 5;
+  int* first_t = order + kWsOrderHead;
   int* tiles_t = first_t + kSeqs;
   const bool ragged = a.q_mode == kQRagged;
   int first = 0, longest = 0;
@@ -189,8 +189,8 @@ __device__ __forceinline__ WsItem ws_item(const int* order, int w, int per_tile)
   if (!order[0]) return WsItem{tiles - 1 - v, sub};
   const int B = order[1];
   const int k = v / B, b = v % B;
-  const int n = order[5 + kWsOrderSeqs + b];
-  return WsItem{k < n ? order[5 + b] + n - 1 - k : -1, sub};
+  const int n = order[kWsOrderHead + kWsOrderSeqs + b];
+  return WsItem{k < n ? order[kWsOrderHead + b] + n - 1 - k : -1, sub};
 }
 
 }  // namespace cuda
