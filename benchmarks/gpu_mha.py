@@ -2,7 +2,9 @@
 
 Decode (BENCH.md): bf16, Hq=32, Hkv=8, D=128, paged (page 128 and 16) for ours, contiguous for the peers;
 GB/s = bytes of K and V read once / time. Prefill: bf16, D=128, H=16, B*S=16384, causal and not; TFLOP/s =
-4*B*S^2*H*D (half for causal) / time. Prints markdown tables, writes gpu_mha.json (+ .md) into --out.
+4*B*S^2*H*D (half for causal) / time. Prefill of many short sequences: the same at B*S=65536 with S=64 and 256
+(B=1024 and 256), causal, where finding each tile's sequence among B is part of the cost. Prints markdown tables,
+writes gpu_mha.json (+ .md) into --out.
 """
 
 from __future__ import annotations
@@ -150,6 +152,46 @@ def run_prefill(rows, rng):
             print(json.dumps(r), flush=True)
 
 
+def run_prefill_many(rows, rng):
+    """Many short sequences (B*S = 65536, causal): ours contiguous and paged, the CTA-per-tile kernel, cuDNN."""
+    h, d, total = 16, 128, 65536
+    for s in (64, 256):
+        b = total // s
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(s), 3)
+        q = jax.random.normal(k1, (b, s, h, d), BF)
+        k = jax.random.normal(k2, (b, s, h, d), BF)
+        v = jax.random.normal(k3, (b, s, h, d), BF)
+        offs = jnp.arange(b + 1, dtype=jnp.int32) * s
+        kv, lut = paged_from_contiguous(k, v, 128, rng)
+        cl0 = jnp.zeros((b,), jnp.int32)
+        flops = 4 * b * s * s * h * d * 0.5
+        ours_c = jax.jit(lambda q, k, v, offs=offs: msa_ops.mha_ragged_no_cache(
+            q.reshape(-1, h, d), k.reshape(-1, h, d), v.reshape(-1, h, d), offs, mask_str="causal",
+            implementation="native"))
+        ours_p = jax.jit(lambda q, kv, lut, offs=offs, cl0=cl0: msa_ops.mha_ragged_paged(
+            q.reshape(-1, h, d), offs, kv, cl0, lut, 0, mask_str="causal", implementation="native"))
+        cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"))
+        r = {"kind": "prefill_many", "S": s, "B": b, "causal": True}
+        ref = cud(q, k, v).reshape(-1, h, d)
+        r["err_contig_vs_cudnn"] = rel_err(ours_c(q, k, v), ref)
+        r["err_paged_vs_cudnn"] = rel_err(ours_p(q, kv, lut), ref)
+        for name, fn, args in (("ours_contig", ours_c, (q, k, v)), ("ours_paged", ours_p, (q, kv, lut)),
+                               ("cudnn", cud, (q, k, v))):
+            try:
+                r[name + "_tflops"] = flops / bench(fn, args) / 1e12
+            except Exception as e:  # noqa: BLE001
+                r[name + "_tflops"] = None
+                r[name + "_error"] = str(e)[:200]
+        # The same contiguous call on the CTA-per-tile wgmma kernel (the handler reads the switch per launch).
+        os.environ["MSA_OPS_DENSE_WS"] = "0"
+        try:
+            r["ours_contig_cta_tflops"] = flops / bench(ours_c, (q, k, v)) / 1e12
+        finally:
+            del os.environ["MSA_OPS_DENSE_WS"]
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+
 def fmt(x, nd=0):
     return "—" if x is None else f"{x:.{nd}f}"
 
@@ -174,6 +216,7 @@ def main():
         run_decode(rows, results, rng)
     if a.only in (None, "prefill"):
         run_prefill(rows, rng)
+        run_prefill_many(rows, rng)
     md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", ""]
     dec = [r for r in rows if r["kind"] == "decode"]
     if dec:
@@ -199,6 +242,15 @@ def main():
                       f"{fmt(r.get('xla_tflops'))} | "
                       f"{ratio(r.get('ours_contig_tflops'), r.get('cudnn_tflops'))} | "
                       f"{ratio(r.get('ours_paged_tflops'), r.get('ours_contig_tflops'))} |")
+    many = [r for r in rows if r["kind"] == "prefill_many"]
+    if many:
+        md += ["", "## Prefill, many short sequences: bf16, D=128, H=16, B*S=65536, causal (TFLOP/s)", "",
+               "| S | B | ours contiguous | ours paged | ours contiguous, CTA-per-tile kernel | cuDNN | ours/cuDNN |",
+               "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in many:
+            md.append(f"| {r['S']} | {r['B']} | {fmt(r.get('ours_contig_tflops'))} | "
+                      f"{fmt(r.get('ours_paged_tflops'))} | {fmt(r.get('ours_contig_cta_tflops'))} | "
+                      f"{fmt(r.get('cudnn_tflops'))} | {ratio(r.get('ours_contig_tflops'), r.get('cudnn_tflops'))} |")
     write_results(a.out, "gpu_mha", rows, "\n".join(md))
 
 
