@@ -491,9 +491,10 @@ WS_MANY_ITEMS_CASES = [
                                                             "split-p256"])
 def test_cuda_mha_ws_prefill_many_items(case, monkeypatch):
     """The persistent 128-row kernel with more work items (query tile x kv head x partition) than CTAs, so that
-    each CTA walks several items through its Q buffers and K/V rings: the interleaved heaviest-first order (at most
-    128 sequences), the reversed grid order (152 sequences, two of them with 0 and 1 rows), split-K partials, NaN
-    past every sequence's keys and junk page-table tails; bf16 and f16, head dims 128 and 64."""
+    each CTA walks several items through its Q buffers and K/V rings: the interleaved heaviest-first order (152
+    sequences, two of them with 0 and 1 rows, among others), split-K partials, NaN past every sequence's keys and
+    junk page-table tails; bf16 and f16, head dims 128 and 64. (The reversed grid order and calls past the
+    kernel's sequence table: test_cuda_mha_128_row_tiles_many_sequences.)"""
     use_128_row_kernel(monkeypatch, "wgmma_ws")
     n, cache_len, group, page, mask, np_ = case
     rng = np.random.default_rng(len(n) + group + page)
@@ -514,6 +515,45 @@ def test_cuda_mha_ws_prefill_many_items(case, monkeypatch):
                                                     max_prompt_length=1024, **kw))
     got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, 7)
     assert_close(got, oracle.mha_ragged_paged(*args, **kw), budget_for(dtype))
+
+
+def many_sequences(rng, nseq):
+    """nseq short sequences (0-39 rows, zeros among them) and two longer ones, as offsets with 5 rows before
+    offsets[0], one decreasing offset (its sequence owns no rows: the running max repairs it) and 7 rows past the
+    last; with cache lengths 0-99."""
+    n = [int(x) for x in rng.integers(0, 40, nseq)]
+    n[nseq // 3], n[nseq // 2] = 160, 100
+    qo = np.concatenate([[0], np.cumsum(n)]) + 5
+    qo[nseq - 40] = qo[nseq - 41] - 3
+    cache_len = [int(x) for x in rng.integers(0, 100, nseq)]
+    return qo.astype(np.int32), int(qo[-1]) + 7, cache_len
+
+
+@pytest.mark.parametrize("kernel", KERNELS_128)
+@pytest.mark.parametrize("nseq", [700, 1024, 1100])
+def test_cuda_mha_128_row_tiles_many_sequences(kernel, nseq, monkeypatch):
+    """Many short sequences and two longer ones on the 128-row tile: the persistent kernel's sequence table (700 and
+    1024 sequences: its tiles counted; not the interleaved walk, since the longest sequence's tiles make its slots
+    more than twice the tiles) and calls past it (1100 sequences: locate_tile's scan of the offsets); every kernel
+    finds each tile's sequence through the repaired offsets (rows before offsets[0], a decreasing offset, rows past
+    the last) and writes 0 to the rows no sequence owns."""
+    use_128_row_kernel(monkeypatch, kernel)
+    rng = np.random.default_rng(nseq)
+    hkv, group, d, page = 1, 8, 128, 64
+    qo, T, cache_len = many_sequences(rng, nseq)
+    rows = np.diff(np.minimum(np.maximum.accumulate(qo), T))
+    tokens = [c + int(m) for c, m in zip(cache_len, rows)]
+    cache = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
+                             head_dim=d, num_layers=1, dtype=jnp.bfloat16)
+    q = rand(rng, (T, hkv * group, d), jnp.bfloat16)
+    kv_blocks = nan_past_keys(cache, cache_len, rows, page, layer=0)
+    args = (q, qo, kv_blocks, np.asarray(cache_len, np.int32), cache.lut, 0)
+    plan = msa_ops.plan("mo.mha.ragged.paged", *args, max_prompt_length=2048, mask_str="causal")
+    assert plan.tile_m == 128
+    f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, implementation="native", max_prompt_length=2048,
+                                                    mask_str="causal"))
+    got = run_on_poisoned_output(f, args, (T, hkv * group, d), 5, 7)
+    assert_close(got, oracle.mha_ragged_paged(*args, mask_str="causal"), budget_for(jnp.bfloat16))
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
@@ -747,14 +787,16 @@ def _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv):
     return ids
 
 
-def _msa_prefill_call(rng, pattern, group, topk, n, cache_len, max_pages, pad, hkv=2):
-    """The operands of a prefill-route MSA call (keys past each sequence NaN) and the jitted native op."""
+def _msa_prefill_call(rng, pattern, group, topk, n, cache_len, max_pages, pad, hkv=2, layers=2):
+    """The operands of a prefill-route MSA call (keys past each sequence NaN; the pool's last layer) and the jitted
+    native op."""
     batch = RaggedBatch(n, cache_len, sum(n) + pad)
     cache = make_paged_cache(rng, [c + m for c, m in zip(cache_len, n)], page_size=128, max_pages=max_pages,
-                             n_kv_heads=hkv, head_dim=128, dtype=jnp.bfloat16)
+                             n_kv_heads=hkv, head_dim=128, num_layers=layers, dtype=jnp.bfloat16)
     q = rand(rng, (batch.T, hkv * group, 128), jnp.bfloat16)
     ids = _msa_prefill_ids(rng, pattern, batch, topk, max_pages, hkv)
-    args = (q, batch.offsets, None, nan_past_keys(cache, cache_len, n, 128), batch.cache_lengths, cache.lut, 1, ids)
+    kv_blocks = nan_past_keys(cache, cache_len, n, 128, layer=layers - 1)
+    args = (q, batch.offsets, None, kv_blocks, batch.cache_lengths, cache.lut, layers - 1, ids)
     cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
     plan = msa_ops.plan("mo.msa.attention.ragged.paged", *args[:2], cro, *args[3:])
     assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)
@@ -781,23 +823,26 @@ def test_cuda_msa_prefill_kernel(case, ws, monkeypatch):
 
 
 # The warp-specialized kernel's walk over its items (query tile x kv head): with more items than CTAs it runs
-# several rounds in snake order, the sequences' last tiles interleaved when at most 128 sequences of similar
-# lengths (4 sequences, 244 items); with 130 sequences it keeps the grid order (780 items). Each item must be
-# computed exactly once: a tile computed twice or skipped shows as a wrong or a zero row.
-MSA_PREFILL_ORDER_CASES = [  # (n per sequence, cache per sequence, topk)
-    ([700, 300, 900, 20], [0, 300, 2000, 128], 4),
-    ([40] * 130, [(37 * i) % 700 for i in range(130)], 2),
-]
+# several rounds in snake order, the sequences' last tiles interleaved when at most 1024 sequences of similar
+# lengths (4 sequences, 244 items; 130 sequences, 780 items); else the grid order (700 and 1024 sequences of 0-39
+# rows and two of 200 and 150, one kv head: the tiles counted in the kernel's sequence table; 1100 sequences: past
+# it). Each item must be computed exactly once: a tile computed twice or skipped shows as a wrong or a zero row.
+_MANY_N = [[int(x) for x in np.random.default_rng(m).integers(0, 40, m - 2)] + [200, 150] for m in (700, 1024, 1100)]
+MSA_PREFILL_ORDER_CASES = [  # (n per sequence, cache per sequence, topk, kv heads, layers)
+    ([700, 300, 900, 20], [0, 300, 2000, 128], 4, 2, 2),
+    ([40] * 130, [(37 * i) % 700 for i in range(130)], 2, 2, 2),
+] + [(n, [(53 * i) % 200 for i in range(len(n))], 2, 1, 1) for n in _MANY_N]
 
 
-@pytest.mark.parametrize("case", MSA_PREFILL_ORDER_CASES, ids=["interleaved", "130-sequences"])
+@pytest.mark.parametrize("case", MSA_PREFILL_ORDER_CASES,
+                         ids=["interleaved", "130-sequences", "700-sequences", "1024-sequences", "1100-sequences"])
 def test_cuda_msa_prefill_item_order(case, monkeypatch):
     monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", "1")
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
-    n, cache_len, topk = case
+    n, cache_len, topk, hkv, layers = case
     rng = np.random.default_rng(len(n) + topk)
     max_pages = max(-(-(c + m) // 128) for c, m in zip(cache_len, n))
-    args, f = _msa_prefill_call(rng, "blocks", 8, topk, n, cache_len, max_pages, 3)
+    args, f = _msa_prefill_call(rng, "blocks", 8, topk, n, cache_len, max_pages, 3, hkv=hkv, layers=layers)
     got = np.asarray(f(*args), np.float32)
     assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
 

@@ -240,14 +240,19 @@ __device__ __forceinline__ int page_slot(const AttentionArgs& a, int key) {
   return a.page_shift >= 0 ? (key & (a.page_size - 1)) : key % a.page_size;
 }
 
-// One step of the repaired-offsets scan over sequences base + lane (a whole warp): eff[b] and eff[b + 1] of the
-// lane's sequence b, where eff is the running max of the offsets clamped to [0, T] and carry = eff[base]; returns
-// the sequence's rows (0 past the last sequence).
-__device__ __forceinline__ int seq_rows_step(const AttentionArgs& a, int base, int64_t carry, int64_t* eff_prev,
-                                             int64_t* eff_next) {
+// The raw offsets[b + 1] of sequence b for the repaired-offsets scan (INT64_MIN past the last sequence).
+__device__ __forceinline__ int64_t seq_end_raw(const AttentionArgs& a, int b) {
+  return b < a.batch ? static_cast<int64_t>(a.q_offsets[b + 1]) : INT64_MIN;
+}
+
+// One step of the repaired-offsets scan over sequences base + lane (a whole warp; raw = seq_end_raw of the lane's
+// sequence b): eff[b] and eff[b + 1] of the lane's sequence, where eff is the running max of the offsets clamped
+// to [0, T] and carry = eff[base]; returns the sequence's rows (0 past the last sequence).
+__device__ __forceinline__ int seq_rows_step(const AttentionArgs& a, int base, int64_t raw, int64_t carry,
+                                             int64_t* eff_prev, int64_t* eff_next) {
   const int lane = threadIdx.x & 31;
   const int b = base + lane;
-  int64_t v = b < a.batch ? static_cast<int64_t>(a.q_offsets[b + 1]) : INT64_MIN;
+  int64_t v = raw;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
     const int64_t u = __shfl_up_sync(0xffffffff, v, d);
@@ -259,59 +264,10 @@ __device__ __forceinline__ int seq_rows_step(const AttentionArgs& a, int base, i
   return b < a.batch ? static_cast<int>(*eff_next - *eff_prev) : 0;
 }
 
-// Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
-template <int BLOCK_M>
-__device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
-  SeqTile st;
-  st.b = -1;
-  const int group = a.group;
-  if (a.q_mode == kQPadded) {
-    const int per_seq = (a.seq_rows * group + BLOCK_M - 1) / BLOCK_M;
-    const int b = tile / per_seq;
-    if (b >= a.batch) return st;
-    const int n_q = static_cast<int>(iclamp(a.valid_lengths[b], 0, a.seq_rows));
-    st.row0 = (tile % per_seq) * BLOCK_M;
-    if (st.row0 >= n_q * group) return st;
-    st.b = b;
-    st.n_q = n_q;
-    st.q_base = b * a.seq_rows;
-  } else {
-    // Repaired offsets (running max, clamped to [0, T]); tiles are numbered sequence by sequence. Each warp
-    // scans 32 sequences at a time (max-scan of the offsets, sum-scan of the tile counts) so a CTA finds its
-    // sequence in B/32 steps of parallel loads rather than B dependent ones.
-    const int lane = threadIdx.x & 31;
-    int64_t carry = first_owned_row(a);  // eff[base]
-    int first = 0;                                                // tiles before sequence `base`
-    for (int base = 0; base < a.batch; base += 32) {
-      const int b = base + lane;
-      int64_t eff_prev, eff_next;  // eff[b], eff[b + 1]
-      const int n = seq_rows_step(a, base, carry, &eff_prev, &eff_next);
-      const int tiles = (n * group + BLOCK_M - 1) / BLOCK_M;
-      int cs = tiles;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int u = __shfl_up_sync(0xffffffff, cs, d);
-        if (lane >= d) cs += u;
-      }
-      const unsigned hit = __ballot_sync(0xffffffff, b < a.batch && tile < first + cs);
-      if (hit) {
-        const int src = __ffs(hit) - 1;
-        const int excl = __shfl_sync(0xffffffff, cs - tiles, src);
-        st.b = base + src;
-        st.n_q = __shfl_sync(0xffffffff, n, src);
-        st.q_base = static_cast<int>(__shfl_sync(0xffffffff, eff_prev, src));
-        st.row0 = (tile - first - excl) * BLOCK_M;
-        break;
-      }
-      first += __shfl_sync(0xffffffff, cs, 31);
-      carry = __shfl_sync(0xffffffff, eff_next, 31);
-    }
-    if (st.b < 0) {  // past the last tile: row0 = the number of tiles, pos0 = the end of the owned rows
-      st.row0 = first;
-      st.pos0 = carry;
-      return st;
-    }
-  }
+// The key side of a found tile (st->b >= 0): its sequence's cache / key offsets, keys and bound. Called by whole
+// warps (ragged keys: warp_max_prefix).
+__device__ __forceinline__ void locate_keys(const AttentionArgs& a, SeqTile* stp) {
+  SeqTile& st = *stp;
   const int b = st.b;
   if (a.kv_mode == kKvPaged) {
     const int64_t s_max = static_cast<int64_t>(a.max_pages) * a.page_size;
@@ -334,6 +290,73 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
     st.kmax = nk;
     st.pos0 = nk - st.n_q;
   }
+}
+
+// Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
+template <int BLOCK_M>
+__device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
+  SeqTile st;
+  st.b = -1;
+  const int group = a.group;
+  if (a.q_mode == kQPadded) {
+    const int per_seq = (a.seq_rows * group + BLOCK_M - 1) / BLOCK_M;
+    const int b = tile / per_seq;
+    if (b >= a.batch) return st;
+    const int n_q = static_cast<int>(iclamp(a.valid_lengths[b], 0, a.seq_rows));
+    st.row0 = (tile % per_seq) * BLOCK_M;
+    if (st.row0 >= n_q * group) return st;
+    st.b = b;
+    st.n_q = n_q;
+    st.q_base = b * a.seq_rows;
+  } else {
+    // Repaired offsets (running max, clamped to [0, T]); tiles are numbered sequence by sequence. Each warp
+    // scans 32 sequences a step (max-scan of the offsets, sum-scan of the tile counts), and loads the offsets of
+    // kLocateAhead steps at once, so a CTA finds its sequence after B / (32 kLocateAhead) dependent loads.
+    constexpr int kLocateAhead = 4;
+    const int lane = threadIdx.x & 31;
+    int64_t carry = first_owned_row(a);  // eff[base]
+    int first = 0;                                                // tiles before sequence `base`
+    bool found = false;
+    for (int base0 = 0; base0 < a.batch && !found; base0 += 32 * kLocateAhead) {
+      int64_t raw[kLocateAhead];
+#pragma unroll
+      for (int i = 0; i < kLocateAhead; ++i) raw[i] = seq_end_raw(a, base0 + 32 * i + lane);
+#pragma unroll
+      for (int i = 0; i < kLocateAhead; ++i) {
+        const int base = base0 + 32 * i;
+        if (base >= a.batch) break;
+        const int b = base + lane;
+        int64_t eff_prev, eff_next;  // eff[b], eff[b + 1]
+        const int n = seq_rows_step(a, base, raw[i], carry, &eff_prev, &eff_next);
+        const int tiles = (n * group + BLOCK_M - 1) / BLOCK_M;
+        int cs = tiles;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+          const int u = __shfl_up_sync(0xffffffff, cs, d);
+          if (lane >= d) cs += u;
+        }
+        const unsigned hit = __ballot_sync(0xffffffff, b < a.batch && tile < first + cs);
+        if (hit) {
+          const int src = __ffs(hit) - 1;
+          const int excl = __shfl_sync(0xffffffff, cs - tiles, src);
+          st.b = base + src;
+          st.n_q = __shfl_sync(0xffffffff, n, src);
+          st.q_base = static_cast<int>(__shfl_sync(0xffffffff, eff_prev, src));
+          st.row0 = (tile - first - excl) * BLOCK_M;
+          found = true;
+          break;
+        }
+        first += __shfl_sync(0xffffffff, cs, 31);
+        carry = __shfl_sync(0xffffffff, eff_next, 31);
+      }
+    }
+    if (st.b < 0) {  // past the last tile: row0 = the number of tiles, pos0 = the end of the owned rows
+      st.row0 = first;
+      st.pos0 = carry;
+      return st;
+    }
+  }
+  locate_keys(a, &st);
   return st;
 }
 

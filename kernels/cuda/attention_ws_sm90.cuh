@@ -6,10 +6,10 @@
 // mask the kv heads slowest: ws_sm90.cuh)
 // with three warpgroups:
 //   * warp 0 (the loader) issues every TMA: an item's Q (D/64 boxes of [128/group tokens][group heads][64]) into
-//     one of two Q buffers, with the item's place (locate_tile, next to the buffer: the consumers do not wait on
+//     one of two Q buffers, with the item's place (ws_locate, next to the buffer: the consumers do not wait on
 //     its global reads), then the item's K and V tiles into K and V rings (V one tile behind K), each tile with
 //     the mask of its present keys (a page-table entry naming no page of the pool, or keys past the sequence);
-//   * warps 1-3 only build the walk's order, then exit;
+//   * warps 1-3 exit once the whole CTA has built the walk's order (ws_order_build);
 //   * warpgroups 1 and 2 (the consumers) run attention_sm90_kernel's wgmma pipeline over 64 rows each and take
 //     turns issuing each step's MMAs (named barriers 3 and 4), so that one's softmax runs under the other's MMAs;
 //     then they store their rows through their part of the Q buffer (unsplit) or write the partition's partials.
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     mbar_init_fence();
   }
-  if (warp == 1) ws_order_build<BM>(a, tiles_x, per_tile, sOrder, walk);
+  ws_order_build<BM>(a, tiles_x, per_tile, sOrder, walk);  // every thread
   __syncthreads();
 
   if (warp < 4) {
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(384, 1)
       const WsItem it = ws_item(sOrder, w, per_tile);  // key range known, K 0 issued, all issued
       if (it.x_tile < 0) continue;
       const int hkv = it.sub % a.Hkv, part = it.sub / a.Hkv;
-      const SeqTile st = locate_tile<BM>(a, it.x_tile);
+      const SeqTile st = ws_locate<BM>(a, sOrder, it.x_tile);
       const int qb = qi & 1;
       if (lane == 0) {
         ws_stamp(0, qi, 1);
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(384, 1)
       if (ctid == 0) ws_stamp(1, qi, 0);
       mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
       if (ctid == 0) ws_stamp(1, qi, 1);
-      const DenseWsItem item = sItem[qb];  // the loader's locate_tile
+      const DenseWsItem item = sItem[qb];  // the loader's ws_locate
       const SeqTile& st = item.st;
       if (st.b < 0) {  // past the last tile: the buffer holds no Q
         mbar_arrive(bar(C::kBarQEmpty + qb));

@@ -4,7 +4,7 @@
 //
 // One CTA per SM walks the work items (query tile x kv head, heaviest first) with three warpgroups:
 //   * warp 0 (the loader) issues every TMA: a tile's Q (two 64-column boxes of [tokens][group heads]) into one of
-//     two Q buffers, with the tile's place (locate_tile, in shared memory next to the buffer: the consumers do
+//     two Q buffers, with the tile's place (ws_locate, in shared memory next to the buffer: the consumers do
 //     not wait on its global reads), then its union blocks' K and V (one page each) into two-stage K and V rings;
 //   * warps 1-3 (the planners) build each tile's plan: the union of its valid selected blocks and, per block, the
 //     mask of the tile's tokens that selected it, one chunk of up to kChunk blocks at a time, into one of two
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     mbar_init_fence();
   }
-  if (warp == 1) ws_order_build<BM>(a, tiles_x, a.Hkv, sOrder);
+  ws_order_build<BM>(a, tiles_x, a.Hkv, sOrder);  // every thread
   __syncthreads();
 
   const int layer = *a.layer_ptr;
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(384, 1)
         if (w >= sOrder[2]) break;  // the number of items
         const WsItem it = ws_item(sOrder, w, a.Hkv);
         if (it.x_tile < 0) continue;
-        const SeqTile st = locate_tile<BM>(a, it.x_tile);
+        const SeqTile st = ws_locate<BM>(a, sOrder, it.x_tile);
         // The tile goes to the consumers with its Q buffer (they skip it when it is past the last one): its
         // fields are written before the buffer's full barrier is arrived on.
         if (lane == 0) {
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(384, 1)
         if (w >= sOrder[2]) break;  // the number of items
         const WsItem it = ws_item(sOrder, w, a.Hkv);
         if (it.x_tile < 0) continue;
-        const SeqTile st = locate_tile<BM>(a, it.x_tile);
+        const SeqTile st = ws_locate<BM>(a, sOrder, it.x_tile);
         if (st.b < 0) continue;
         const int group = a.group;
         const int rows_seq = st.n_q * group;
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(384, 1)
       if (it.x_tile < 0) continue;
       const int qb = qi & 1;
       mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
-      const SeqTile st = sQTile[qb];  // the loader's locate_tile
+      const SeqTile st = sQTile[qb];  // the loader's ws_locate
       if (st.b < 0) {  // past the last tile: the buffer holds no Q
         mbar_arrive(bar(C::kBarQEmpty + qb));
         ++qi;

@@ -113,62 +113,140 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
 //     the items of a tile slowest;
 //   * kWsBanded: the weight order above cut into bands of kWsBand tiles, the items of a tile slowest within a band
 //     (the band's weights differ by at most its tiles').
-constexpr int kWsOrderSeqs = 128;  // sequences the interleaved walk takes
+//
+// The table. For ragged calls of at most kWsOrderSeqs sequences the CTA counts the tiles at its start and keeps,
+// per sequence, the tiles and the repaired row offsets before it (prefix sums, B + 1 entries each), so that
+//   * the walk holds just the tiles that exist, not tiles_x, the host's bound (up to B more), whose empty items
+//     fell unevenly on the CTAs (at S=512, B=32, Hkv=16: 12 to 19 real items a CTA for a mean of 15.5);
+//   * an item's sequence is found by bisection in shared memory (ws_locate), not by locate_tile's scan of the
+//     offsets from sequence 0, which costs B / 128 dependent global loads per item (~1 us each under load).
+constexpr int kWsOrderSeqs = 1024;  // sequences of the table (and of the interleaved walk)
 enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2 };
 constexpr int kWsBand = 32;
-constexpr int kWsOrderHead = 5;  // order[0..4] = interleave, B, items, WsWalk, tiles; then first[], tiles[]
-constexpr int kWsOrderInts = kWsOrderHead + 2 * kWsOrderSeqs;
+// order[0..5] = interleave, B, items, WsWalk, tiles, counted; then first[0..kWsOrderSeqs] (tiles before sequence
+// b), eff[0..kWsOrderSeqs] (its first row), then scratch of the build: chunk max, tiles and longest [32] each.
+constexpr int kWsOrderHead = 6;
+constexpr int kWsOrderFirst = kWsOrderHead;
+constexpr int kWsOrderEff = kWsOrderFirst + kWsOrderSeqs + 1;
+constexpr int kWsOrderScratch = kWsOrderEff + kWsOrderSeqs + 1;
+constexpr int kWsOrderInts = kWsOrderScratch + 3 * 32;
 struct WsItem {
   int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
 };
-// Builds the order in shared memory; one warp. BM: query rows per tile (locate_tile's numbering).
+
+// Builds the order in shared memory. Called by every thread of the CTA (at least 8 warps: each warp scans up to
+// four chunks of 32 sequences), with two CTA barriers; the caller's next barrier publishes the order. BM:
+// query rows per tile (locate_tile's numbering).
 template <int BM>
 __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles_x, int per_tile, int* order,
                                                int walk = kWsHeadsFastest) {
+  constexpr int kPer = 4;  // chunks a warp: 8 warps cover the 32 chunks of kWsOrderSeqs
+  static_assert(kWsOrderSeqs <= 32 * 8 * kPer && kWsOrderSeqs <= 32 * 32, "chunks of the table: 8 warps, 32 lanes");
   const bool heads_slowest = walk == kWsHeadsSlowest;
-  constexpr int kSeqs = kWsOrderSeqs;
-  const int lane = threadIdx.x & 31;
-  int* first_t = order + kWsOrderHead;
-  int* tiles_t = first_t + kSeqs;
-  const bool ragged = a.q_mode == kQRagged;
-  int first = 0, longest = 0;
-  // With at most kSeqs ragged sequences the tiles are counted here (B / 32 steps of parallel reads): the walk then
-  // holds just the tiles that exist, not tiles_x, the host's bound (up to B more), whose empty items fell unevenly
-  // on the CTAs (at S=512, B=32, Hkv=16: 12 to 19 real items a CTA for a mean of 15.5).
-  const bool counted = ragged && a.batch <= kSeqs;
-  if (counted) {
-    int64_t carry = first_owned_row(a);  // the repaired offsets of locate_tile
-    for (int base = 0; base < a.batch; base += 32) {
-      const int b = base + lane;
-      int64_t eff_prev, eff_next;
-      const int n = seq_rows_step(a, base, carry, &eff_prev, &eff_next);
-      const int tiles = (n * a.group + BM - 1) / BM;
-      int cs = tiles, mx = tiles;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  int* first_t = order + kWsOrderFirst;
+  int* eff_t = order + kWsOrderEff;
+  int* c_max = order + kWsOrderScratch;  // per chunk of 32 sequences: the max of its raw offsets
+  int* c_tiles = c_max + 32;             // its tiles
+  int* c_long = c_tiles + 32;            // its longest sequence's tiles
+  const int B = a.batch;
+  const bool counted = a.q_mode == kQRagged && B <= kWsOrderSeqs;
+  const int nchunks = counted ? (B + 31) / 32 : 0;
+  // 1. Every chunk's raw offsets[b + 1], all loads at once; the max-scan within the chunk.
+  int64_t v[kPer];
 #pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int u = __shfl_up_sync(0xffffffff, cs, d);
-        if (lane >= d) cs += u;
-        mx = max(mx, __shfl_xor_sync(0xffffffff, mx, d));
-      }
-      if (b < a.batch) {
-        first_t[b] = first + cs - tiles;
-        tiles_t[b] = tiles;
-      }
-      first += __shfl_sync(0xffffffff, cs, 31);
-      carry = __shfl_sync(0xffffffff, eff_next, 31);
-      longest = max(longest, mx);
+  for (int i = 0; i < kPer; ++i) {
+    const int c = warp + i * nwarps;
+    v[i] = c < nchunks ? seq_end_raw(a, c * 32 + lane) : INT64_MIN;
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = warp + i * nwarps;
+    if (c >= nchunks) break;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int64_t u = __shfl_up_sync(0xffffffff, v[i], d);
+      if (lane >= d) v[i] = imax(v[i], u);
+    }
+    // Clamped to [0, T] (int) without changing the repaired offsets: eff = min(max(carry, v), T), carry in [0, T].
+    if (lane == 31) c_max[c] = static_cast<int>(iclamp(v[i], 0, a.total_rows));
+  }
+  __syncthreads();
+  // 2. Each chunk's carry (eff at its first sequence) from the chunks before it; rows, tiles and their
+  // sum-scan within the chunk.
+  const int64_t lo = counted ? first_owned_row(a) : 0;
+  int cs[kPer], tl[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = warp + i * nwarps;
+    cs[i] = tl[i] = 0;
+    if (c >= nchunks) break;
+    int64_t carry = imax(lo, lane < c ? static_cast<int64_t>(c_max[lane]) : 0);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) carry = imax(carry, __shfl_xor_sync(0xffffffff, carry, d));
+    carry = imin(carry, a.total_rows);
+    const int b = c * 32 + lane;
+    const int64_t eff_next = imin(imax(carry, v[i]), a.total_rows);
+    int64_t eff_prev = __shfl_up_sync(0xffffffff, eff_next, 1);
+    if (lane == 0) eff_prev = carry;
+    const int64_t n = b < B ? eff_next - eff_prev : 0;
+    const int tiles = static_cast<int>((n * a.group + BM - 1) / BM);
+    int x = tiles, mx = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int u = __shfl_up_sync(0xffffffff, x, d);
+      if (lane >= d) x += u;
+      mx = max(mx, __shfl_xor_sync(0xffffffff, mx, d));
+    }
+    cs[i] = x;
+    tl[i] = tiles;
+    if (b < B) eff_t[b] = static_cast<int>(eff_prev);
+    if (b == B - 1) eff_t[B] = static_cast<int>(eff_next);
+    if (lane == 31) {
+      c_tiles[c] = x;
+      c_long[c] = mx;
     }
   }
-  if (lane == 0) {
-    const int64_t slots = static_cast<int64_t>(a.batch) * longest;  // (tiles_x * per_tile fits an int: the host checks)
-    const bool inter = counted && !heads_slowest && a.batch > 1 && longest > 0 &&
-                       slots <= 2 * static_cast<int64_t>(first) && slots * per_tile <= INT32_MAX;
-    const int tiles = counted ? min(first, tiles_x) : tiles_x;  // the tiles the walk covers
-    order[0] = inter ? 1 : 0;
-    order[1] = a.batch;
-    order[2] = static_cast<int>((inter ? slots : tiles) * static_cast<int64_t>(per_tile));
-    order[3] = walk;
-    order[4] = tiles;
+  __syncthreads();
+  // 3. The tiles before each sequence; the header.
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = warp + i * nwarps;
+    if (c >= nchunks) break;
+    int before = lane < c ? c_tiles[lane] : 0;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) before += __shfl_xor_sync(0xffffffff, before, d);
+    const int b = c * 32 + lane;
+    if (b < B) first_t[b] = before + cs[i] - tl[i];
+    if (b == B - 1) first_t[B] = before + cs[i];
+  }
+  if (warp == 0) {
+    int total = 0, longest = 0;
+    if (lane < nchunks) {
+      total = c_tiles[lane];
+      longest = c_long[lane];
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      total += __shfl_xor_sync(0xffffffff, total, d);
+      longest = max(longest, __shfl_xor_sync(0xffffffff, longest, d));
+    }
+    if (lane == 0) {
+      if (counted && B == 0) {
+        first_t[0] = 0;
+        eff_t[0] = static_cast<int>(lo);
+      }
+      const int64_t slots = static_cast<int64_t>(B) * longest;  // (tiles_x * per_tile fits an int: the host checks)
+      const bool inter = counted && !heads_slowest && B > 1 && longest > 0 &&
+                         slots <= 2 * static_cast<int64_t>(total) && slots * per_tile <= INT32_MAX;
+      const int tiles = counted ? min(total, tiles_x) : tiles_x;  // the tiles the walk covers
+      order[0] = inter ? 1 : 0;
+      order[1] = B;
+      order[2] = static_cast<int>((inter ? slots : tiles) * static_cast<int64_t>(per_tile));
+      order[3] = walk;
+      order[4] = tiles;
+      order[5] = counted ? 1 : 0;
+    }
   }
 }
 __device__ __forceinline__ int ws_walk(int r) {
@@ -189,8 +267,37 @@ __device__ __forceinline__ WsItem ws_item(const int* order, int w, int per_tile)
   if (!order[0]) return WsItem{tiles - 1 - v, sub};
   const int B = order[1];
   const int k = v / B, b = v % B;
-  const int n = order[kWsOrderHead + kWsOrderSeqs + b];
-  return WsItem{k < n ? order[kWsOrderHead + b] + n - 1 - k : -1, sub};
+  const int first = order[kWsOrderFirst + b], n = order[kWsOrderFirst + b + 1] - first;
+  return WsItem{k < n ? first + n - 1 - k : -1, sub};
+}
+// locate_tile of `tile` (whole warps), from the order's table when the build counted the call: a bisection over
+// the tiles before each sequence (the last sequence whose first tile is at most `tile`: sequences of no tiles
+// share their successor's first tile) in shared memory, then the key side as locate_tile does it.
+template <int BM>
+__device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* order, int tile) {
+  if (!order[5]) return locate_tile<BM>(a, tile);
+  const int* first_t = order + kWsOrderFirst;
+  const int* eff_t = order + kWsOrderEff;
+  const int B = order[1];
+  SeqTile st;
+  st.b = -1;
+  if (tile >= first_t[B]) {  // past the last tile: as locate_tile
+    st.row0 = first_t[B];
+    st.pos0 = eff_t[B];
+    return st;
+  }
+  int lo = 0, hi = B;  // first_t[lo] <= tile < first_t[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (first_t[mid] <= tile) lo = mid;
+    else hi = mid;
+  }
+  st.b = lo;
+  st.q_base = eff_t[lo];
+  st.n_q = eff_t[lo + 1] - eff_t[lo];
+  st.row0 = (tile - first_t[lo]) * BM;
+  locate_keys(a, &st);
+  return st;
 }
 
 }  // namespace cuda
