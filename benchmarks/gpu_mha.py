@@ -103,9 +103,13 @@ def run_decode(rows, results, rng):
             del q, k, v, kv, lut
 
 
-def run_prefill(rows, rng):
-    h, d, total = 16, 128, 16384
-    for s in (512, 2048, 8192):
+def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, causals=(False, True),
+                alt=("MSA_OPS_CUDA_WGMMA", "ours_contig_mma_sync")):
+    """Prefill at B*S = total: ours contiguous and paged, cuDNN; for kind "prefill" also the 64-row tile and XLA.
+    alt: a switch set to 0 for a second timing of the contiguous call (the handler reads it per launch)."""
+    h, d = 16, 128
+    full = kind == "prefill"
+    for s in lens:
         b = total // s
         key = jax.random.PRNGKey(s)
         k1, k2, k3 = jax.random.split(key, 3)
@@ -115,7 +119,7 @@ def run_prefill(rows, rng):
         offs = jnp.arange(b + 1, dtype=jnp.int32) * s
         kv, lut = paged_from_contiguous(k, v, 128, rng)
         cl0 = jnp.zeros((b,), jnp.int32)
-        for causal in (False, True):
+        for causal in causals:
             mask = "causal" if causal else "null"
             flops = 4 * b * s * s * h * d * (0.5 if causal else 1.0)
             ours_c = jax.jit(lambda q, k, v, m=mask, offs=offs: msa_ops.mha_ragged_no_cache(
@@ -130,66 +134,26 @@ def run_prefill(rows, rng):
                                                                                  implementation="cudnn"))
             xla = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(q, k, v, is_causal=c,
                                                                                implementation="xla"))
-            r = {"kind": "prefill", "S": s, "B": b, "causal": causal}
+            r = {"kind": kind, "S": s, "B": b, "causal": causal}
             ref = cud(q, k, v).reshape(-1, h, d)
             r["err_contig_vs_cudnn"] = rel_err(ours_c(q, k, v), ref)
             r["err_paged_vs_cudnn"] = rel_err(ours_p(q, kv, lut), ref)
-            for name, fn, args in (("ours_contig", ours_c, (q, k, v)), ("ours_paged", ours_p, (q, kv, lut)),
-                                   ("ours_paged64", ours_p64, (q, kv, lut)),
-                                   ("cudnn", cud, (q, k, v)), ("xla", xla, (q, k, v))):
+            timed = [("ours_contig", ours_c, (q, k, v)), ("ours_paged", ours_p, (q, kv, lut))]
+            timed += [("ours_paged64", ours_p64, (q, kv, lut))] if full else []
+            timed += [("cudnn", cud, (q, k, v))] + ([("xla", xla, (q, k, v))] if full else [])
+            for name, fn, args in timed:
                 try:
                     r[name + "_tflops"] = flops / bench(fn, args) / 1e12
                 except Exception as e:  # noqa: BLE001
                     r[name + "_tflops"] = None
                     r[name + "_error"] = str(e)[:200]
-            # The same contiguous call on the portable mma.sync kernel (the handler reads the switch per launch).
-            os.environ["MSA_OPS_CUDA_WGMMA"] = "0"
+            os.environ[alt[0]] = "0"
             try:
-                r["ours_contig_mma_sync_tflops"] = flops / bench(ours_c, (q, k, v)) / 1e12
+                r[alt[1] + "_tflops"] = flops / bench(ours_c, (q, k, v)) / 1e12
             finally:
-                del os.environ["MSA_OPS_CUDA_WGMMA"]
+                del os.environ[alt[0]]
             rows.append(r)
             print(json.dumps(r), flush=True)
-
-
-def run_prefill_many(rows, rng):
-    """Many short sequences (B*S = 65536, causal): ours contiguous and paged, the CTA-per-tile kernel, cuDNN."""
-    h, d, total = 16, 128, 65536
-    for s in (64, 256):
-        b = total // s
-        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(s), 3)
-        q = jax.random.normal(k1, (b, s, h, d), BF)
-        k = jax.random.normal(k2, (b, s, h, d), BF)
-        v = jax.random.normal(k3, (b, s, h, d), BF)
-        offs = jnp.arange(b + 1, dtype=jnp.int32) * s
-        kv, lut = paged_from_contiguous(k, v, 128, rng)
-        cl0 = jnp.zeros((b,), jnp.int32)
-        flops = 4 * b * s * s * h * d * 0.5
-        ours_c = jax.jit(lambda q, k, v, offs=offs: msa_ops.mha_ragged_no_cache(
-            q.reshape(-1, h, d), k.reshape(-1, h, d), v.reshape(-1, h, d), offs, mask_str="causal",
-            implementation="native"))
-        ours_p = jax.jit(lambda q, kv, lut, offs=offs, cl0=cl0: msa_ops.mha_ragged_paged(
-            q.reshape(-1, h, d), offs, kv, cl0, lut, 0, mask_str="causal", implementation="native"))
-        cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"))
-        r = {"kind": "prefill_many", "S": s, "B": b, "causal": True}
-        ref = cud(q, k, v).reshape(-1, h, d)
-        r["err_contig_vs_cudnn"] = rel_err(ours_c(q, k, v), ref)
-        r["err_paged_vs_cudnn"] = rel_err(ours_p(q, kv, lut), ref)
-        for name, fn, args in (("ours_contig", ours_c, (q, k, v)), ("ours_paged", ours_p, (q, kv, lut)),
-                               ("cudnn", cud, (q, k, v))):
-            try:
-                r[name + "_tflops"] = flops / bench(fn, args) / 1e12
-            except Exception as e:  # noqa: BLE001
-                r[name + "_tflops"] = None
-                r[name + "_error"] = str(e)[:200]
-        # The same contiguous call on the CTA-per-tile wgmma kernel (the handler reads the switch per launch).
-        os.environ["MSA_OPS_DENSE_WS"] = "0"
-        try:
-            r["ours_contig_cta_tflops"] = flops / bench(ours_c, (q, k, v)) / 1e12
-        finally:
-            del os.environ["MSA_OPS_DENSE_WS"]
-        rows.append(r)
-        print(json.dumps(r), flush=True)
 
 
 def fmt(x, nd=0):
@@ -216,7 +180,8 @@ def main():
         run_decode(rows, results, rng)
     if a.only in (None, "prefill"):
         run_prefill(rows, rng)
-        run_prefill_many(rows, rng)
+        # Many short sequences; the second timing on the CTA-per-tile wgmma kernel.
+        run_prefill(rows, rng, "prefill_many", (64, 256), 65536, (True,), ("MSA_OPS_DENSE_WS", "ours_contig_cta"))
     md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", ""]
     dec = [r for r in rows if r["kind"] == "decode"]
     if dec:
