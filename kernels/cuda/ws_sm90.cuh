@@ -123,9 +123,9 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
 constexpr int kWsOrderSeqs = 1024;  // sequences of the table (and of the interleaved walk)
 enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2 };
 constexpr int kWsBand = 32;
-// order[0..5] = interleave, B, items, WsWalk, tiles, counted; then first[0..kWsOrderSeqs] (tiles before sequence
-// b), eff[0..kWsOrderSeqs] (its first row), then scratch of the build: chunk max, tiles and longest [32] each.
-constexpr int kWsOrderHead = 6;
+// order[0..4] = interleave, B, items, WsWalk, tiles; then first[0..kWsOrderSeqs] (tiles before sequence b),
+// eff[0..kWsOrderSeqs] (its first row), then scratch of the build: chunk max, tiles and longest [32] each.
+constexpr int kWsOrderHead = 5;
 constexpr int kWsOrderFirst = kWsOrderHead;
 constexpr int kWsOrderEff = kWsOrderFirst + kWsOrderSeqs + 1;
 constexpr int kWsOrderScratch = kWsOrderEff + kWsOrderSeqs + 1;
@@ -133,6 +133,10 @@ constexpr int kWsOrderInts = kWsOrderScratch + 3 * 32;
 struct WsItem {
   int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
 };
+// Whether the call's sequences fit the table (ws_order_build fills it, ws_locate reads it).
+__device__ __forceinline__ bool ws_table_holds(const AttentionArgs& a) {
+  return a.q_mode == kQRagged && a.batch <= kWsOrderSeqs;
+}
 
 // Builds the order in shared memory. Called by every thread of the CTA (at least 8 warps: each warp scans up to
 // four chunks of 32 sequences), with two CTA barriers; the caller's next barrier publishes the order. BM:
@@ -150,9 +154,9 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   int* c_tiles = c_max + 32;             // its tiles
   int* c_long = c_tiles + 32;            // its longest sequence's tiles
   const int B = a.batch;
-  const bool counted = a.q_mode == kQRagged && B <= kWsOrderSeqs;
+  const bool counted = ws_table_holds(a);
   const int nchunks = counted ? (B + 31) / 32 : 0;
-  // 1. Every chunk's raw offsets[b + 1], all loads at once; the max-scan within the chunk.
+  // 1. Every chunk's raw offsets[b + 1], all loads at once; the chunk's max.
   int64_t v[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
@@ -163,17 +167,15 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   for (int i = 0; i < kPer; ++i) {
     const int c = warp + i * nwarps;
     if (c >= nchunks) break;
+    int64_t m = v[i];
 #pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int64_t u = __shfl_up_sync(0xffffffff, v[i], d);
-      if (lane >= d) v[i] = imax(v[i], u);
-    }
+    for (int d = 16; d > 0; d >>= 1) m = imax(m, __shfl_xor_sync(0xffffffff, m, d));
     // Clamped to [0, T] (int) without changing the repaired offsets: eff = min(max(carry, v), T), carry in [0, T].
-    if (lane == 31) c_max[c] = static_cast<int>(iclamp(v[i], 0, a.total_rows));
+    if (lane == 0) c_max[c] = static_cast<int>(iclamp(m, 0, a.total_rows));
   }
   __syncthreads();
-  // 2. Each chunk's carry (eff at its first sequence) from the chunks before it; rows, tiles and their
-  // sum-scan within the chunk.
+  // 2. Each chunk's carry (eff at its first sequence) from the chunks before it; its step of the repaired-offsets
+  // scan (seq_rows_step); tiles and their sum-scan within the chunk.
   const int64_t lo = counted ? first_owned_row(a) : 0;
   int cs[kPer], tl[kPer];
 #pragma unroll
@@ -186,10 +188,8 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     for (int d = 16; d > 0; d >>= 1) carry = imax(carry, __shfl_xor_sync(0xffffffff, carry, d));
     carry = imin(carry, a.total_rows);
     const int b = c * 32 + lane;
-    const int64_t eff_next = imin(imax(carry, v[i]), a.total_rows);
-    int64_t eff_prev = __shfl_up_sync(0xffffffff, eff_next, 1);
-    if (lane == 0) eff_prev = carry;
-    const int64_t n = b < B ? eff_next - eff_prev : 0;
+    int64_t eff_prev, eff_next;
+    const int64_t n = seq_rows_step(a, c * 32, v[i], carry, &eff_prev, &eff_next);
     const int tiles = static_cast<int>((n * a.group + BM - 1) / BM);
     int x = tiles, mx = tiles;
 #pragma unroll
@@ -231,11 +231,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
       total += __shfl_xor_sync(0xffffffff, total, d);
       longest = max(longest, __shfl_xor_sync(0xffffffff, longest, d));
     }
-    if (lane == 0) {
-      if (counted && B == 0) {
-        first_t[0] = 0;
-        eff_t[0] = static_cast<int>(lo);
-      }
+    if (lane == 0) {  // (B == 0: no tiles, so no item reads the table)
       const int64_t slots = static_cast<int64_t>(B) * longest;  // (tiles_x * per_tile fits an int: the host checks)
       const bool inter = counted && !heads_slowest && B > 1 && longest > 0 &&
                          slots <= 2 * static_cast<int64_t>(total) && slots * per_tile <= INT32_MAX;
@@ -245,7 +241,6 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
       order[2] = static_cast<int>((inter ? slots : tiles) * static_cast<int64_t>(per_tile));
       order[3] = walk;
       order[4] = tiles;
-      order[5] = counted ? 1 : 0;
     }
   }
 }
@@ -275,10 +270,10 @@ __device__ __forceinline__ WsItem ws_item(const int* order, int w, int per_tile)
 // share their successor's first tile) in shared memory, then the key side as locate_tile does it.
 template <int BM>
 __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* order, int tile) {
-  if (!order[5]) return locate_tile<BM>(a, tile);
+  if (!ws_table_holds(a)) return locate_tile<BM>(a, tile);
   const int* first_t = order + kWsOrderFirst;
   const int* eff_t = order + kWsOrderEff;
-  const int B = order[1];
+  const int B = a.batch;
   SeqTile st;
   st.b = -1;
   if (tile >= first_t[B]) {  // past the last tile: as locate_tile
