@@ -292,6 +292,38 @@ __device__ __forceinline__ void locate_keys(const AttentionArgs& a, SeqTile* stp
   }
 }
 
+// One step of locate_tile's scan, over sequences base + lane (a whole warp; raw = seq_end_raw of the lane's
+// sequence; *carry = eff[base], *first = the tiles before sequence `base`): true when `tile` is one of theirs (then
+// st's b, n_q, q_base and row0 say where), else *carry and *first move past them.
+template <int BLOCK_M>
+__device__ __forceinline__ bool locate_step(const AttentionArgs& a, int base, int64_t raw, int tile, int64_t* carry,
+                                            int* first, SeqTile* st) {
+  const int lane = threadIdx.x & 31;
+  const int b = base + lane;
+  int64_t eff_prev, eff_next;  // eff[b], eff[b + 1]
+  const int n = seq_rows_step(a, base, raw, *carry, &eff_prev, &eff_next);
+  const int tiles = (n * a.group + BLOCK_M - 1) / BLOCK_M;
+  int cs = tiles;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int u = __shfl_up_sync(0xffffffff, cs, d);
+    if (lane >= d) cs += u;
+  }
+  const unsigned hit = __ballot_sync(0xffffffff, b < a.batch && tile < *first + cs);
+  if (hit) {
+    const int src = __ffs(hit) - 1;
+    const int excl = __shfl_sync(0xffffffff, cs - tiles, src);
+    st->b = base + src;
+    st->n_q = __shfl_sync(0xffffffff, n, src);
+    st->q_base = static_cast<int>(__shfl_sync(0xffffffff, eff_prev, src));
+    st->row0 = (tile - *first - excl) * BLOCK_M;
+    return true;
+  }
+  *first += __shfl_sync(0xffffffff, cs, 31);
+  *carry = __shfl_sync(0xffffffff, eff_next, 31);
+  return false;
+}
+
 // Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
 template <int BLOCK_M>
 __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
@@ -313,41 +345,20 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
     // scans 32 sequences a step (max-scan of the offsets, sum-scan of the tile counts), and loads the offsets of
     // kLocateAhead steps at once, so a CTA finds its sequence after B / (32 kLocateAhead) dependent loads.
     constexpr int kLocateAhead = 4;
-    const int lane = threadIdx.x & 31;
     int64_t carry = first_owned_row(a);  // eff[base]
-    int first = 0;                                                // tiles before sequence `base`
+    int first = 0;                       // tiles before sequence `base`
     bool found = false;
     for (int base0 = 0; base0 < a.batch && !found; base0 += 32 * kLocateAhead) {
       int64_t raw[kLocateAhead];
 #pragma unroll
-      for (int i = 0; i < kLocateAhead; ++i) raw[i] = seq_end_raw(a, base0 + 32 * i + lane);
+      for (int i = 0; i < kLocateAhead; ++i) raw[i] = seq_end_raw(a, base0 + 32 * i + (threadIdx.x & 31));
 #pragma unroll
       for (int i = 0; i < kLocateAhead; ++i) {
-        const int base = base0 + 32 * i;
-        if (base >= a.batch) break;
-        const int b = base + lane;
-        int64_t eff_prev, eff_next;  // eff[b], eff[b + 1]
-        const int n = seq_rows_step(a, base, raw[i], carry, &eff_prev, &eff_next);
-        const int tiles = (n * group + BLOCK_M - 1) / BLOCK_M;
-        int cs = tiles;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-          const int u = __shfl_up_sync(0xffffffff, cs, d);
-          if (lane >= d) cs += u;
-        }
-        const unsigned hit = __ballot_sync(0xffffffff, b < a.batch && tile < first + cs);
-        if (hit) {
-          const int src = __ffs(hit) - 1;
-          const int excl = __shfl_sync(0xffffffff, cs - tiles, src);
-          st.b = base + src;
-          st.n_q = __shfl_sync(0xffffffff, n, src);
-          st.q_base = static_cast<int>(__shfl_sync(0xffffffff, eff_prev, src));
-          st.row0 = (tile - first - excl) * BLOCK_M;
+        if (base0 + 32 * i >= a.batch) break;
+        if (locate_step<BLOCK_M>(a, base0 + 32 * i, raw[i], tile, &carry, &first, &st)) {
           found = true;
           break;
         }
-        first += __shfl_sync(0xffffffff, cs, 31);
-        carry = __shfl_sync(0xffffffff, eff_next, 31);
       }
     }
     if (st.b < 0) {  // past the last tile: row0 = the number of tiles, pos0 = the end of the owned rows

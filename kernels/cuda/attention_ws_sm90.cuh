@@ -59,6 +59,9 @@ struct DenseWs {
   static constexpr int kSmemAlloc = kSmemBytes + 1024;
   static_assert(kBlockM == kBlockN, "a Q buffer is one tile");
   static_assert(kSmemAlloc <= 227 * 1024, "shared memory of one CTA on sm_90");
+  // Within the 196 KB carve-out (with the 1 KB the driver keeps per CTA), which leaves L1 60 KB: past it the D=128
+  // kernel ran 5% slower at S=512 and 2k (benchmarks/NOTES_mha.md v30).
+  static_assert(D != 128 || kSmemAlloc + 1024 <= 196 * 1024, "shared memory of the D=128 kernel: L1 carve-out");
   static_assert(D == 64 || D == 128, "head dim");
 };
 
