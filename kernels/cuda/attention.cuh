@@ -324,6 +324,31 @@ __device__ __forceinline__ bool locate_step(const AttentionArgs& a, int base, in
   return false;
 }
 
+// locate_tile's scan of the ragged offsets from sequence base0 (a multiple of 32; *carry = eff[base0], *first =
+// the tiles before it): repaired offsets (running max, clamped to [0, T]), tiles numbered sequence by sequence.
+// Each warp scans 32 sequences a step (locate_step) and loads the offsets of kLocateAhead steps at once, so it
+// finds the sequence after (B - base0) / (32 kLocateAhead) dependent loads. Not found (st->b stays -1): *first is
+// the number of tiles and *carry the end of the owned rows.
+template <int BLOCK_M>
+__device__ __forceinline__ void scan_tiles(const AttentionArgs& a, int tile, int base0, int64_t* carry, int* first,
+                                           SeqTile* st) {
+  constexpr int kLocateAhead = 4;
+  bool found = false;
+  for (; base0 < a.batch && !found; base0 += 32 * kLocateAhead) {
+    int64_t raw[kLocateAhead];
+#pragma unroll
+    for (int i = 0; i < kLocateAhead; ++i) raw[i] = seq_end_raw(a, base0 + 32 * i + (threadIdx.x & 31));
+#pragma unroll
+    for (int i = 0; i < kLocateAhead; ++i) {
+      if (base0 + 32 * i >= a.batch) break;
+      if (locate_step<BLOCK_M>(a, base0 + 32 * i, raw[i], tile, carry, first, st)) {
+        found = true;
+        break;
+      }
+    }
+  }
+}
+
 // Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
 template <int BLOCK_M>
 __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile) {
@@ -341,26 +366,9 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
     st.n_q = n_q;
     st.q_base = b * a.seq_rows;
   } else {
-    // Repaired offsets (running max, clamped to [0, T]); tiles are numbered sequence by sequence. Each warp
-    // scans 32 sequences a step (max-scan of the offsets, sum-scan of the tile counts), and loads the offsets of
-    // kLocateAhead steps at once, so a CTA finds its sequence after B / (32 kLocateAhead) dependent loads.
-    constexpr int kLocateAhead = 4;
-    int64_t carry = first_owned_row(a);  // eff[base]
-    int first = 0;                       // tiles before sequence `base`
-    bool found = false;
-    for (int base0 = 0; base0 < a.batch && !found; base0 += 32 * kLocateAhead) {
-      int64_t raw[kLocateAhead];
-#pragma unroll
-      for (int i = 0; i < kLocateAhead; ++i) raw[i] = seq_end_raw(a, base0 + 32 * i + (threadIdx.x & 31));
-#pragma unroll
-      for (int i = 0; i < kLocateAhead; ++i) {
-        if (base0 + 32 * i >= a.batch) break;
-        if (locate_step<BLOCK_M>(a, base0 + 32 * i, raw[i], tile, &carry, &first, &st)) {
-          found = true;
-          break;
-        }
-      }
-    }
+    int64_t carry = first_owned_row(a);  // eff[0]
+    int first = 0;
+    scan_tiles<BLOCK_M>(a, tile, 0, &carry, &first, &st);
     if (st.b < 0) {  // past the last tile: row0 = the number of tiles, pos0 = the end of the owned rows
       st.row0 = first;
       st.pos0 = carry;

@@ -114,31 +114,33 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
 //   * kWsBanded: the weight order above cut into bands of kWsBand tiles, the items of a tile slowest within a band
 //     (the band's weights differ by at most its tiles').
 //
-// The table. For ragged calls of at most kWsOrderSeqs sequences the CTA counts the tiles at its start and keeps,
-// per chunk of 32 sequences, the tiles and the repaired row offset before it (prefix sums, one entry more than
-// chunks each), and, for the interleaved walk (at most kWsWalkSeqs sequences), the tiles before each sequence, so that
+// The table. For ragged calls of at most kWsOrderSeqs sequences the CTA counts the tiles at its start and keeps
+// the tiles and the repaired row offset before each chunk of 32 sequences, and, for calls of at most kWsSeqTable
+// sequences, before each sequence (B + 1 entries each), so that
 //   * the walk holds just the tiles that exist, not tiles_x, the host's bound (up to B more), whose empty items
 //     fell unevenly on the CTAs (at S=512, B=32, Hkv=16: 12 to 19 real items a CTA for a mean of 15.5);
-//   * an item's sequence is found by a bisection of the chunks in shared memory and one step of locate_tile's scan
-//     (one global load: the chunk's offsets), not by locate_tile's scan from sequence 0, which costs B / 128
-//     dependent global loads per item (~1 us each under load).
-// Per chunk rather than per sequence because shared memory past 196 KB costs the dense D=128 kernel the larger
-// carve-out (L1 28 KB instead of 60): 5% at S=512 and 2k on the H200 with a per-sequence table of 1024 entries
-// (benchmarks/NOTES_mha.md v30); DenseWs asserts that it stays within.
+//   * an item's sequence is found in shared memory, not by locate_tile's scan from sequence 0, which costs
+//     B / 128 dependent global loads per item (~1 us each under load): a bisection of the sequences (at most
+//     kWsSeqTable of them: no global load), else a bisection of the chunks and locate_tile's scan from the found
+//     chunk (one round of global loads; at S=512 causal, B=32, that load cost ~7%: NOTES_mha.md v30).
+// Not per sequence up to kWsOrderSeqs: shared memory past 196 KB costs the dense D=128 kernel the larger carve-out
+// (L1 28 KB instead of 60), 5% at S=512 and 2k on the H200 (NOTES_mha.md v30); DenseWs asserts that it stays within.
 constexpr int kWsOrderSeqs = 1024;  // sequences of the table
-constexpr int kWsWalkSeqs = 128;    // sequences of the interleaved walk
+constexpr int kWsSeqTable = 128;    // sequences with entries of their own (and of the interleaved walk)
 constexpr int kWsOrderChunks = kWsOrderSeqs / 32;
 enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2 };
 constexpr int kWsBand = 32;
-// order[0..4] = interleave, B, items, WsWalk, tiles; then first[0..kWsWalkSeqs] (tiles before sequence b, the walk's),
-// chunk_first[0..kWsOrderChunks] (tiles before chunk c), chunk_eff[0..kWsOrderChunks] (its first row), then scratch
-// of the build: chunk max, tiles and longest [32] each.
+// order[0..4] = interleave, B, items, WsWalk, tiles; then first[0..kWsSeqTable] (tiles before sequence b) and
+// eff[0..kWsSeqTable] (its first row), chunk_first[kWsOrderChunks] (tiles before chunk c; the build's chunk max
+// [32] before that) and chunk_eff[kWsOrderChunks] (its first row), then the build's chunk tiles and longest [32]
+// each.
 constexpr int kWsOrderHead = 5;
 constexpr int kWsOrderFirst = kWsOrderHead;
-constexpr int kWsOrderChunkFirst = kWsOrderFirst + kWsWalkSeqs + 1;
-constexpr int kWsOrderChunkEff = kWsOrderChunkFirst + kWsOrderChunks + 1;
-constexpr int kWsOrderScratch = kWsOrderChunkEff + kWsOrderChunks + 1;
-constexpr int kWsOrderInts = kWsOrderScratch + 3 * 32;
+constexpr int kWsOrderEff = kWsOrderFirst + kWsSeqTable + 1;
+constexpr int kWsOrderChunkFirst = kWsOrderEff + kWsSeqTable + 1;
+constexpr int kWsOrderChunkEff = kWsOrderChunkFirst + kWsOrderChunks;
+constexpr int kWsOrderScratch = kWsOrderChunkEff + kWsOrderChunks;
+constexpr int kWsOrderInts = kWsOrderScratch + 2 * 32;
 struct WsItem {
   int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
 };
@@ -156,15 +158,16 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   constexpr int kPer = 4;  // chunks a warp: 8 warps cover the 32 chunks of kWsOrderSeqs
   static_assert(kWsOrderChunks <= 8 * kPer && kWsOrderChunks <= 32 && kWsOrderSeqs % 32 == 0,
                 "chunks of the table: 8 warps, 32 lanes");
-  static_assert(kWsWalkSeqs <= kWsOrderSeqs, "the walk's sequences are counted by the table");
+  static_assert(kWsSeqTable <= kWsOrderSeqs && kWsOrderChunks == 32, "the table's parts (chunk max in chunk_first)");
   const bool heads_slowest = walk == kWsHeadsSlowest;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
   int* first_t = order + kWsOrderFirst;
+  int* eff_t = order + kWsOrderEff;
   int* chunk_first = order + kWsOrderChunkFirst;
   int* chunk_eff = order + kWsOrderChunkEff;
-  int* c_max = order + kWsOrderScratch;  // per chunk of 32 sequences: the max of its raw offsets
-  int* c_tiles = c_max + 32;             // its tiles
-  int* c_long = c_tiles + 32;            // its longest sequence's tiles
+  int* c_max = chunk_first;                  // per chunk of 32 sequences: the max of its raw offsets (steps 1-2)
+  int* c_tiles = order + kWsOrderScratch;    // its tiles
+  int* c_long = c_tiles + 32;                // its longest sequence's tiles
   const int B = a.batch;
   const bool counted = ws_table_holds(a);
   const int nchunks = counted ? (B + 31) / 32 : 0;
@@ -199,6 +202,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) carry = imax(carry, __shfl_xor_sync(0xffffffff, carry, d));
     carry = imin(carry, a.total_rows);
+    const int b = c * 32 + lane;
     int64_t eff_prev, eff_next;
     const int64_t n = seq_rows_step(a, c * 32, v[i], carry, &eff_prev, &eff_next);
     const int tiles = static_cast<int>((n * a.group + BM - 1) / BM);
@@ -212,14 +216,15 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     cs[i] = x;
     tl[i] = tiles;
     if (lane == 0) chunk_eff[c] = static_cast<int>(carry);
-    if (c * 32 + lane == B - 1) chunk_eff[nchunks] = static_cast<int>(eff_next);
+    if (b < B && b < kWsSeqTable) eff_t[b] = static_cast<int>(eff_prev);
+    if (b == B - 1 && b < kWsSeqTable) eff_t[B] = static_cast<int>(eff_next);
     if (lane == 31) {
       c_tiles[c] = x;
       c_long[c] = mx;
     }
   }
   __syncthreads();
-  // 3. The tiles before each chunk, and before each of the walk's sequences; the header.
+  // 3. The tiles before each chunk and (at most kWsSeqTable sequences) each sequence; the header.
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int c = warp + i * nwarps;
@@ -229,9 +234,8 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     for (int d = 16; d > 0; d >>= 1) before += __shfl_xor_sync(0xffffffff, before, d);
     const int b = c * 32 + lane;
     if (lane == 0) chunk_first[c] = before;
-    if (b == B - 1) chunk_first[nchunks] = before + cs[i];
-    if (b < B && b < kWsWalkSeqs) first_t[b] = before + cs[i] - tl[i];
-    if (b == B - 1 && b < kWsWalkSeqs) first_t[B] = before + cs[i];
+    if (b < B && b < kWsSeqTable) first_t[b] = before + cs[i] - tl[i];
+    if (b == B - 1 && b < kWsSeqTable) first_t[B] = before + cs[i];
   }
   if (warp == 0) {
     int total = 0, longest = 0;
@@ -246,11 +250,11 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     }
     if (lane == 0) {
       if (nchunks == 0) {  // B == 0 (no tiles: no item reads the table) or not counted
-        chunk_first[0] = 0;
-        chunk_eff[0] = static_cast<int>(lo);
+        first_t[0] = 0;
+        eff_t[0] = static_cast<int>(lo);
       }
       const int64_t slots = static_cast<int64_t>(B) * longest;  // (tiles_x * per_tile fits an int: the host checks)
-      const bool inter = counted && !heads_slowest && B > 1 && B <= kWsWalkSeqs && longest > 0 &&
+      const bool inter = counted && !heads_slowest && B > 1 && B <= kWsSeqTable && longest > 0 &&
                          slots <= 2 * static_cast<int64_t>(total) && slots * per_tile <= INT32_MAX;
       const int tiles = counted ? min(total, tiles_x) : tiles_x;  // the tiles the walk covers
       order[0] = inter ? 1 : 0;
@@ -282,31 +286,56 @@ __device__ __forceinline__ WsItem ws_item(const int* order, int w, int per_tile)
   const int first = order[kWsOrderFirst + b], n = order[kWsOrderFirst + b + 1] - first;
   return WsItem{k < n ? first + n - 1 - k : -1, sub};
 }
-// locate_tile of `tile` (whole warps), from the order's table when the build counted the call: a bisection over
-// the tiles before each chunk (the last chunk whose first tile is at most `tile`: chunks of no tiles share their
-// successor's first tile) in shared memory, locate_tile's step over that chunk, then the key side.
+// locate_tile of `tile` (whole warps), from the order's table for ragged calls: a bisection over the tiles before
+// each sequence (at most kWsSeqTable of them), else before each chunk (at most kWsOrderSeqs sequences: the last
+// chunk whose first tile is at most `tile`; chunks of no tiles share their successor's first tile) and locate_tile's
+// scan from that chunk, which finds it in its first step; past kWsOrderSeqs, the scan from sequence 0.
 template <int BM>
 __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* order, int tile) {
-  if (!ws_table_holds(a)) return locate_tile<BM>(a, tile);
-  const int* chunk_first = order + kWsOrderChunkFirst;
-  const int* chunk_eff = order + kWsOrderChunkEff;
-  const int nchunks = (a.batch + 31) / 32;
+  if (a.q_mode != kQRagged) return locate_tile<BM>(a, tile);
   SeqTile st;
   st.b = -1;
-  if (tile >= chunk_first[nchunks]) {  // past the last tile: as locate_tile
-    st.row0 = chunk_first[nchunks];
-    st.pos0 = chunk_eff[nchunks];
-    return st;
+  if (a.batch <= kWsSeqTable) {
+    const int* first = order + kWsOrderFirst;
+    const int* eff = order + kWsOrderEff;
+    const int B = a.batch;
+    if (tile >= first[B]) {  // past the last tile: as locate_tile
+      st.row0 = first[B];
+      st.pos0 = eff[B];
+      return st;
+    }
+    int lo = 0, hi = B;  // first[lo] <= tile < first[hi]
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (first[mid] <= tile) lo = mid;
+      else hi = mid;
+    }
+    st.b = lo;
+    st.q_base = eff[lo];
+    st.n_q = eff[lo + 1] - eff[lo];
+    st.row0 = (tile - first[lo]) * BM;
+  } else {
+    int base0 = 0, tiles_before = 0;
+    int64_t carry = first_owned_row(a);
+    if (ws_table_holds(a)) {
+      const int* first = order + kWsOrderChunkFirst;
+      int lo = 0, hi = (a.batch + 31) / 32;  // first[lo] <= tile, and tile < first[hi] unless past the last tile
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (first[mid] <= tile) lo = mid;
+        else hi = mid;
+      }
+      base0 = lo * 32;
+      tiles_before = first[lo];
+      carry = order[kWsOrderChunkEff + lo];
+    }
+    scan_tiles<BM>(a, tile, base0, &carry, &tiles_before, &st);
+    if (st.b < 0) {  // past the last tile: as locate_tile
+      st.row0 = tiles_before;
+      st.pos0 = carry;
+      return st;
+    }
   }
-  int lo = 0, hi = nchunks;  // chunk_first[lo] <= tile < chunk_first[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (chunk_first[mid] <= tile) lo = mid;
-    else hi = mid;
-  }
-  int64_t carry = chunk_eff[lo];
-  int first = chunk_first[lo];
-  locate_step<BM>(a, lo * 32, seq_end_raw(a, lo * 32 + (threadIdx.x & 31)), tile, &carry, &first, &st);  // found
   locate_keys(a, &st);
   return st;
 }
