@@ -530,11 +530,12 @@ def many_sequences(rng, nseq):
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
-@pytest.mark.parametrize("nseq", [700, 1024, 1100])
+@pytest.mark.parametrize("nseq", [100, 129, 700, 1024, 1100])
 def test_cuda_mha_128_row_tiles_many_sequences(kernel, nseq, monkeypatch):
-    """Many short sequences and two longer ones on the 128-row tile: the persistent kernel's sequence table (700 and
-    1024 sequences: its tiles counted; not the interleaved walk, since the longest sequence's tiles make its slots
-    more than twice the tiles) and calls past it (1100 sequences: locate_tile's scan of the offsets); every kernel
+    """Many short sequences and two longer ones on the 128-row tile: the persistent kernel's sequence table (its
+    tiles counted; entries per sequence at 100 sequences, per chunk of 32 at 129, 700 and 1024; not the interleaved
+    walk, since the longest sequence's tiles make its slots more than twice the tiles) and calls past it (1100
+    sequences: locate_tile's scan of the offsets); every kernel
     finds each tile's sequence through the repaired offsets (rows before offsets[0], a decreasing offset, rows past
     the last) and writes 0 to the rows no sequence owns."""
     use_128_row_kernel(monkeypatch, kernel)
@@ -823,19 +824,22 @@ def test_cuda_msa_prefill_kernel(case, ws, monkeypatch):
 
 
 # The warp-specialized kernel's walk over its items (query tile x kv head): with more items than CTAs it runs
-# several rounds in snake order, the sequences' last tiles interleaved when at most 1024 sequences of similar
-# lengths (4 sequences, 244 items; 130 sequences, 780 items); else the grid order (700 and 1024 sequences of 0-39
-# rows and two of 200 and 150, one kv head: the tiles counted in the kernel's sequence table; 1100 sequences: past
-# it). Each item must be computed exactly once: a tile computed twice or skipped shows as a wrong or a zero row.
+# several rounds in snake order, the sequences' last tiles interleaved when at most 128 sequences of similar
+# lengths (4 sequences, 244 items; 128 sequences, 768 items); else the grid order (130 sequences: the kernel's
+# sequence table per chunk of 32, the last chunk of two; 700 and 1024 sequences of 0-39 rows and two of 200 and
+# 150, one kv head; 1100 sequences: past the table). Each item must be computed exactly once: a tile computed
+# twice or skipped shows as a wrong or a zero row.
 _MANY_N = [[int(x) for x in np.random.default_rng(m).integers(0, 40, m - 2)] + [200, 150] for m in (700, 1024, 1100)]
 MSA_PREFILL_ORDER_CASES = [  # (n per sequence, cache per sequence, topk, kv heads, layers)
     ([700, 300, 900, 20], [0, 300, 2000, 128], 4, 2, 2),
+    ([40] * 128, [(37 * i) % 700 for i in range(128)], 2, 2, 2),
     ([40] * 130, [(37 * i) % 700 for i in range(130)], 2, 2, 2),
 ] + [(n, [(53 * i) % 200 for i in range(len(n))], 2, 1, 1) for n in _MANY_N]
 
 
 @pytest.mark.parametrize("case", MSA_PREFILL_ORDER_CASES,
-                         ids=["interleaved", "130-sequences", "700-sequences", "1024-sequences", "1100-sequences"])
+                         ids=["interleaved", "128-sequences", "130-sequences", "700-sequences", "1024-sequences",
+                              "1100-sequences"])
 def test_cuda_msa_prefill_item_order(case, monkeypatch):
     monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", "1")
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
