@@ -491,10 +491,10 @@ WS_MANY_ITEMS_CASES = [
                                                             "split-p256"])
 def test_cuda_mha_ws_prefill_many_items(case, monkeypatch):
     """The persistent 128-row kernel with more work items (query tile x kv head x partition) than CTAs, so that
-    each CTA walks several items through its Q buffers and K/V rings: the interleaved heaviest-first order (152
-    sequences, two of them with 0 and 1 rows, among others), split-K partials, NaN past every sequence's keys and
-    junk page-table tails; bf16 and f16, head dims 128 and 64. (The reversed grid order and calls past the
-    kernel's sequence table: test_cuda_mha_128_row_tiles_many_sequences.)"""
+    each CTA walks several items through its Q buffers and K/V rings: the interleaved heaviest-first order (40
+    sequences), the grid order over the sequence table's chunks (152 sequences, two of them with 0 and 1 rows),
+    split-K partials, NaN past every sequence's keys and junk page-table tails; bf16 and f16, head dims 128 and
+    64. (Calls past the kernel's sequence table: test_cuda_mha_128_row_tiles_many_sequences.)"""
     use_128_row_kernel(monkeypatch, "wgmma_ws")
     n, cache_len, group, page, mask, np_ = case
     rng = np.random.default_rng(len(n) + group + page)

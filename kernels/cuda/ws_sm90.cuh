@@ -102,7 +102,7 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
 // with several sequences, item w is (w % per_tile, tile k = w / per_tile / B from the end of sequence
 // w / per_tile % B), so that the sequences' ends are interleaved; one sequence's tiles in order would leave a
 // sequence's light first tiles next to another's heavy last ones. Taken for ragged queries when at most
-// kWsOrderSeqs sequences and the B x (longest sequence's tiles) slots are at most twice the tiles (each empty slot
+// kWsSeqTable sequences and the B x (longest sequence's tiles) slots are at most twice the tiles (each empty slot
 // is an item skipped); else the tiles in reverse grid order. CTA c takes items r * grid + c in even rounds r and
 // r * grid + grid - 1 - c in odd ones (ws_walk): round robin over a descending order would hand CTA 0 the heaviest
 // item of every round. The items of a tile (kv heads, partitions) come fastest in that order, so only ~132 /
