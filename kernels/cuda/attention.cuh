@@ -292,23 +292,33 @@ __device__ __forceinline__ void locate_keys(const AttentionArgs& a, SeqTile* stp
   }
 }
 
+// seq_rows_step (same arguments) in locate_tile's numbering: *n the lane's rows, *tiles its tiles of BLOCK_M
+// packed rows; returns the tiles of lanes 0..lane (inclusive sum).
+template <int BLOCK_M>
+__device__ __forceinline__ int seq_tiles_step(const AttentionArgs& a, int base, int64_t raw, int64_t carry,
+                                              int64_t* eff_prev, int64_t* eff_next, int* n, int* tiles) {
+  const int lane = threadIdx.x & 31;
+  *n = seq_rows_step(a, base, raw, carry, eff_prev, eff_next);
+  *tiles = (*n * a.group + BLOCK_M - 1) / BLOCK_M;
+  int cs = *tiles;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int u = __shfl_up_sync(0xffffffff, cs, d);
+    if (lane >= d) cs += u;
+  }
+  return cs;
+}
+
 // One step of locate_tile's scan, over sequences base + lane (a whole warp; raw = seq_end_raw of the lane's
 // sequence; *carry = eff[base], *first = the tiles before sequence `base`): true when `tile` is one of theirs (then
 // st's b, n_q, q_base and row0 say where), else *carry and *first move past them.
 template <int BLOCK_M>
 __device__ __forceinline__ bool locate_step(const AttentionArgs& a, int base, int64_t raw, int tile, int64_t* carry,
                                             int* first, SeqTile* st) {
-  const int lane = threadIdx.x & 31;
-  const int b = base + lane;
+  const int b = base + (threadIdx.x & 31);
   int64_t eff_prev, eff_next;  // eff[b], eff[b + 1]
-  const int n = seq_rows_step(a, base, raw, *carry, &eff_prev, &eff_next);
-  const int tiles = (n * a.group + BLOCK_M - 1) / BLOCK_M;
-  int cs = tiles;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int u = __shfl_up_sync(0xffffffff, cs, d);
-    if (lane >= d) cs += u;
-  }
+  int n, tiles;
+  const int cs = seq_tiles_step<BLOCK_M>(a, base, raw, *carry, &eff_prev, &eff_next, &n, &tiles);
   const unsigned hit = __ballot_sync(0xffffffff, b < a.batch && tile < *first + cs);
   if (hit) {
     const int src = __ffs(hit) - 1;

@@ -170,6 +170,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   int* c_long = c_tiles + 32;                // its longest sequence's tiles
   const int B = a.batch;
   const bool counted = ws_table_holds(a);
+  const bool per_seq = B <= kWsSeqTable;  // entries of their own (ws_locate)
   const int nchunks = counted ? (B + 31) / 32 : 0;
   // 1. Every chunk's raw offsets[b + 1], all loads at once; the chunk's max.
   int64_t v[kPer];
@@ -204,20 +205,16 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     carry = imin(carry, a.total_rows);
     const int b = c * 32 + lane;
     int64_t eff_prev, eff_next;
-    const int64_t n = seq_rows_step(a, c * 32, v[i], carry, &eff_prev, &eff_next);
-    const int tiles = static_cast<int>((n * a.group + BM - 1) / BM);
-    int x = tiles, mx = tiles;
+    int n, tiles;
+    const int x = seq_tiles_step<BM>(a, c * 32, v[i], carry, &eff_prev, &eff_next, &n, &tiles);
+    int mx = tiles;
 #pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int u = __shfl_up_sync(0xffffffff, x, d);
-      if (lane >= d) x += u;
-      mx = max(mx, __shfl_xor_sync(0xffffffff, mx, d));
-    }
+    for (int d = 16; d > 0; d >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffff, mx, d));
     cs[i] = x;
     tl[i] = tiles;
     if (lane == 0) chunk_eff[c] = static_cast<int>(carry);
-    if (b < B && b < kWsSeqTable) eff_t[b] = static_cast<int>(eff_prev);
-    if (b == B - 1 && b < kWsSeqTable) eff_t[B] = static_cast<int>(eff_next);
+    if (per_seq && b < B) eff_t[b] = static_cast<int>(eff_prev);
+    if (per_seq && b == B - 1) eff_t[B] = static_cast<int>(eff_next);
     if (lane == 31) {
       c_tiles[c] = x;
       c_long[c] = mx;
@@ -234,8 +231,8 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     for (int d = 16; d > 0; d >>= 1) before += __shfl_xor_sync(0xffffffff, before, d);
     const int b = c * 32 + lane;
     if (lane == 0) chunk_first[c] = before;
-    if (b < B && b < kWsSeqTable) first_t[b] = before + cs[i] - tl[i];
-    if (b == B - 1 && b < kWsSeqTable) first_t[B] = before + cs[i];
+    if (per_seq && b < B) first_t[b] = before + cs[i] - tl[i];
+    if (per_seq && b == B - 1) first_t[B] = before + cs[i];
   }
   if (warp == 0) {
     int total = 0, longest = 0;
@@ -254,7 +251,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
         eff_t[0] = static_cast<int>(lo);
       }
       const int64_t slots = static_cast<int64_t>(B) * longest;  // (tiles_x * per_tile fits an int: the host checks)
-      const bool inter = counted && !heads_slowest && B > 1 && B <= kWsSeqTable && longest > 0 &&
+      const bool inter = counted && !heads_slowest && B > 1 && per_seq && longest > 0 &&
                          slots <= 2 * static_cast<int64_t>(total) && slots * per_tile <= INT32_MAX;
       const int tiles = counted ? min(total, tiles_x) : tiles_x;  // the tiles the walk covers
       order[0] = inter ? 1 : 0;
@@ -286,6 +283,16 @@ __device__ __forceinline__ WsItem ws_item(const int* order, int w, int per_tile)
   const int first = order[kWsOrderFirst + b], n = order[kWsOrderFirst + b + 1] - first;
   return WsItem{k < n ? first + n - 1 - k : -1, sub};
 }
+// The last i in [0, n) with first[i] <= tile, for non-decreasing first[] with first[0] <= tile.
+__device__ __forceinline__ int ws_bisect(const int* first, int n, int tile) {
+  int lo = 0, hi = n;  // first[lo] <= tile; i >= hi: first[i] > tile (or past the end)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (first[mid] <= tile) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
 // locate_tile of `tile` (whole warps), from the order's table for ragged calls: a bisection over the tiles before
 // each sequence (at most kWsSeqTable of them), else before each chunk (at most kWsOrderSeqs sequences: the last
 // chunk whose first tile is at most `tile`; chunks of no tiles share their successor's first tile) and locate_tile's
@@ -304,12 +311,7 @@ __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* 
       st.pos0 = eff[B];
       return st;
     }
-    int lo = 0, hi = B;  // first[lo] <= tile < first[hi]
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (first[mid] <= tile) lo = mid;
-      else hi = mid;
-    }
+    const int lo = ws_bisect(first, B, tile);  // tile < first[B]
     st.b = lo;
     st.q_base = eff[lo];
     st.n_q = eff[lo + 1] - eff[lo];
@@ -319,12 +321,7 @@ __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* 
     int64_t carry = first_owned_row(a);
     if (ws_table_holds(a)) {
       const int* first = order + kWsOrderChunkFirst;
-      int lo = 0, hi = (a.batch + 31) / 32;  // first[lo] <= tile, and tile < first[hi] unless past the last tile
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (first[mid] <= tile) lo = mid;
-        else hi = mid;
-      }
+      const int lo = ws_bisect(first, (a.batch + 31) / 32, tile);  // past the last tile: the last chunk
       base0 = lo * 32;
       tiles_before = first[lo];
       carry = order[kWsOrderChunkEff + lo];
