@@ -1,7 +1,8 @@
 """Dense prefill on the sm_90 128-row tile: the warp-specialized persistent kernel (MSA_OPS_DENSE_WS=1) against the
 CTA-per-tile one (=0) and cuDNN, in one process, rounds interleaved (the switches are read at each launch);
-variants ws0 / ws1 / ws2 run the persistent kernel with MSA_OPS_DENSE_WS_WALK=0 / 1 / 2 (heads fastest, heads
-slowest, bands: ws_sm90.cuh). BENCH.md's
+variants ws0 / ws1 / ws2 / ws3 run the persistent kernel with MSA_OPS_DENSE_WS_WALK=0 / 1 / 2 / 3 (heads fastest, heads
+slowest, bands, heads slowest for short sequences and bands for long ones: ws_sm90.cuh; ws: the kernel's own
+choice). BENCH.md's
 prefill shapes: bf16, D=128, H=16 (Hkv=16 unless --hkv), B*S=16384, contiguous and paged (page 128) K/V, causal and
 not. Prints TFLOP/s and ratios; checks that both kernels agree with cuDNN.
 
@@ -31,13 +32,13 @@ def main():
     ap.add_argument("--hkv", type=int, default=16)
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--total", type=int, default=16384)
-    ap.add_argument("--variants", default="ws,cta", help="comma list of ws, cta, ws0-ws2 (the first is compared)")
+    ap.add_argument("--variants", default="ws,cta", help="comma list of ws, cta, ws0-ws3 (the first is compared)")
     ap.add_argument("--masks", default="null,causal")
     args = ap.parse_args()
     h, d = 16, 128
     rng = np.random.default_rng(0)
     variants = args.variants.split(",")
-    envs = {"ws": ("1", ""), "cta": ("0", ""), "ws0": ("1", "0"), "ws1": ("1", "1"), "ws2": ("1", "2")}
+    envs = {"ws": ("1", ""), "cta": ("0", ""), **{f"ws{i}": ("1", str(i)) for i in range(4)}}
     print(f"H={h}, Hkv={args.hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s")
     v0 = variants[0]
     cols = variants + ["cuDNN"] + [f"{v0} / {v}" for v in variants[1:]] + [f"{v0} / cuDNN"]

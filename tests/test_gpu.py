@@ -484,15 +484,18 @@ WS_MANY_ITEMS_CASES = [
     ([0, 1] + [200] * 150, [(37 * i) % 600 for i in range(152)], 2, 64, "causal", 0),
     ([int(x) for x in np.random.default_rng(5).integers(100, 600, 24)],
      [int(x) for x in np.random.default_rng(6).integers(0, 900, 24)], 16, 256, "null", 3),
+    ([int(x) for x in np.random.default_rng(7).integers(40, 130, 45)],
+     [int(x) for x in np.random.default_rng(8).integers(0, 400, 45)], 4, 128, "causal", 0),
 ]
 
 
 @pytest.mark.parametrize("case", WS_MANY_ITEMS_CASES, ids=["interleaved-p128", "window-p16", "152-sequences-p64",
-                                                            "split-p256"])
+                                                            "split-p256", "short-causal"])
 def test_cuda_mha_ws_prefill_many_items(case, monkeypatch):
     """The persistent 128-row kernel with more work items (query tile x kv head x partition) than CTAs, so that
     each CTA walks several items through its Q buffers and K/V rings: the interleaved heaviest-first order (40
-    sequences), the grid order over the sequence table's chunks (152 sequences, two of them with 0 and 1 rows),
+    sequences of up to 22 tiles), the heads-slowest walk that causal calls of short sequences take (45 sequences
+    of 2-5 tiles), the grid order over the sequence table's chunks (152 sequences, two of them with 0 and 1 rows),
     split-K partials, NaN past every sequence's keys and junk page-table tails; bf16 and f16, head dims 128 and
     64. (Calls past the kernel's sequence table: test_cuda_mha_128_row_tiles_many_sequences.)"""
     use_128_row_kernel(monkeypatch, "wgmma_ws")

@@ -2,9 +2,8 @@
 // attention_sm90_kernel (same contract, masks, softmax and epilogue), with the per-tile and per-item fixed costs
 // taken off the tensor cores' path, as msa_prefill_ws_sm90.cuh does for the block-sparse kernel.
 //
-// One CTA per SM walks the work items (query tile x kv head x split-K partition; heaviest first in bands, or with no
-// mask the kv heads slowest: ws_sm90.cuh)
-// with three warpgroups:
+// One CTA per SM walks the work items (query tile x kv head x split-K partition; the kv heads slowest with no mask or
+// short sequences, else heaviest first in bands: ws_sm90.cuh) with three warpgroups:
 //   * warp 0 (the loader) issues every TMA: an item's Q (D/64 boxes of [128/group tokens][group heads][64]) into
 //     one of two Q buffers, with the item's place (ws_locate, next to the buffer: the consumers do not wait on
 //     its global reads), then the item's K and V tiles into K and V rings (V one tile behind K), each tile with

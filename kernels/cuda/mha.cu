@@ -78,10 +78,11 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
         const int ws_grid = static_cast<int>(items < sms ? items : sms);  // persistent: one CTA per SM at most
         auto kernel = attention_ws_sm90_kernel<T, D>;
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CW::kSmemAlloc);
-        // The walk (ws_sm90.cuh): the kv heads slowest with no mask, bands of the weight order otherwise;
-        // MSA_OPS_DENSE_WS_WALK=0/1/2 picks one (heads fastest, heads slowest, bands) for measurements.
-        int walk = a.mask == kMaskNull ? kWsHeadsSlowest : kWsBanded;
-        if (const char* w = std::getenv("MSA_OPS_DENSE_WS_WALK"); w != nullptr && w[0] >= '0' && w[0] <= '2')
+        // The walk (ws_sm90.cuh): the kv heads slowest with no mask; otherwise the heads slowest for short
+        // sequences and bands of the weight order for long ones (decided by the CTAs, which count the tiles);
+        // MSA_OPS_DENSE_WS_WALK=0/1/2/3 picks one (heads fastest, heads slowest, bands, that choice) for measurements.
+        int walk = a.mask == kMaskNull ? kWsHeadsSlowest : kWsShortSlowest;
+        if (const char* w = std::getenv("MSA_OPS_DENSE_WS_WALK"); w != nullptr && w[0] >= '0' && w[0] <= '3')
           walk = w[0] - '0';
         kernel<<<ws_grid, CW::kThreads, CW::kSmemAlloc, stream>>>(a, kv, qmap, grid_x, walk);
       } else {

@@ -128,8 +128,16 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
 constexpr int kWsOrderSeqs = 1024;  // sequences of the table
 constexpr int kWsSeqTable = 128;    // sequences with entries of their own (and of the interleaved walk)
 constexpr int kWsOrderChunks = kWsOrderSeqs / 32;
-enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2 };
+enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2, kWsShortSlowest = 3 };
 constexpr int kWsBand = 32;
+// kWsShortSlowest: the heads slowest when every sequence has at most kWsShortTiles tiles (counted calls), else
+// banded. Causal on the H200 (NOTES_mha.md v31), heads slowest against banded: S=512 200-208 against 185-186
+// TFLOP/s, 1k 302-314 against 294-296, 2k 395-409 against 393-395, B=256 x 256 129-134 against 124-127; the
+// CTAs that run at once then share each (sequence, kv head)'s K/V through the L2, and with short sequences every
+// round holds whole sequences' tiles, so their weights balance. A long sequence's tiles (64 at 8k) span a round
+// or more, and a balance model of the snake walk put heads slowest 1.3-1.7x behind banded for one or two long
+// sequences at 4-8 kv heads.
+constexpr int kWsShortTiles = 16;
 // order[0..4] = interleave, B, items, WsWalk, tiles; then first[0..kWsSeqTable] (tiles before sequence b) and
 // eff[0..kWsSeqTable] (its first row), chunk_first[kWsOrderChunks] (tiles before chunk c; the build's chunk max
 // [32] before that) and chunk_eff[kWsOrderChunks] (its first row), then the build's chunk tiles and longest [32]
@@ -159,7 +167,6 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   static_assert(kWsOrderChunks <= 8 * kPer && kWsOrderChunks <= 32 && kWsOrderSeqs % 32 == 0,
                 "chunks of the table: 8 warps, 32 lanes");
   static_assert(kWsSeqTable <= kWsOrderSeqs && kWsOrderChunks == 32, "the table's parts (chunk max in chunk_first)");
-  const bool heads_slowest = walk == kWsHeadsSlowest;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
   int* first_t = order + kWsOrderFirst;
   int* eff_t = order + kWsOrderEff;
@@ -250,8 +257,9 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
         first_t[0] = 0;
         eff_t[0] = static_cast<int>(lo);
       }
+      if (walk == kWsShortSlowest) walk = counted && longest <= kWsShortTiles ? kWsHeadsSlowest : kWsBanded;
       const int64_t slots = static_cast<int64_t>(B) * longest;  // (tiles_x * per_tile fits an int: the host checks)
-      const bool inter = counted && !heads_slowest && B > 1 && per_seq && longest > 0 &&
+      const bool inter = counted && walk != kWsHeadsSlowest && B > 1 && per_seq && longest > 0 &&
                          slots <= 2 * static_cast<int64_t>(total) && slots * per_tile <= INT32_MAX;
       const int tiles = counted ? min(total, tiles_x) : tiles_x;  // the tiles the walk covers
       order[0] = inter ? 1 : 0;
