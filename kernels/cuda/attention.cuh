@@ -337,10 +337,10 @@ __device__ __forceinline__ bool locate_step(const AttentionArgs& a, int base, in
 // locate_tile's scan of the ragged offsets from sequence base0 (a multiple of 32; *carry = eff[base0], *first =
 // the tiles before it): repaired offsets (running max, clamped to [0, T]), tiles numbered sequence by sequence.
 // Each warp scans 32 sequences a step (locate_step) and loads the offsets of kLocateAhead steps at once, so it
-// finds the sequence after (B - base0) / (32 kLocateAhead) dependent loads. Not found (st->b stays -1): *first is
-// the number of tiles and *carry the end of the owned rows.
+// finds the sequence after (B - base0) / (32 kLocateAhead) dependent loads. Returns false past the last tile (st->b
+// stays -1), with st->row0 the number of tiles and st->pos0 the end of the owned rows.
 template <int BLOCK_M>
-__device__ __forceinline__ void scan_tiles(const AttentionArgs& a, int tile, int base0, int64_t* carry, int* first,
+__device__ __forceinline__ bool scan_tiles(const AttentionArgs& a, int tile, int base0, int64_t* carry, int* first,
                                            SeqTile* st) {
   constexpr int kLocateAhead = 4;
   bool found = false;
@@ -357,6 +357,11 @@ __device__ __forceinline__ void scan_tiles(const AttentionArgs& a, int tile, int
       }
     }
   }
+  if (!found) {
+    st->row0 = *first;
+    st->pos0 = *carry;
+  }
+  return found;
 }
 
 // Finds the sequence and tile of grid x-index `tile` (-1 in .b when past the last tile). Called by whole warps.
@@ -378,12 +383,7 @@ __device__ __forceinline__ SeqTile locate_tile(const AttentionArgs& a, int tile)
   } else {
     int64_t carry = first_owned_row(a);  // eff[0]
     int first = 0;
-    scan_tiles<BLOCK_M>(a, tile, 0, &carry, &first, &st);
-    if (st.b < 0) {  // past the last tile: row0 = the number of tiles, pos0 = the end of the owned rows
-      st.row0 = first;
-      st.pos0 = carry;
-      return st;
-    }
+    if (!scan_tiles<BLOCK_M>(a, tile, 0, &carry, &first, &st)) return st;  // past the last tile
   }
   locate_keys(a, &st);
   return st;

@@ -152,9 +152,13 @@ constexpr int kWsOrderInts = kWsOrderScratch + 2 * 32;
 struct WsItem {
   int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
 };
-// Whether the call's sequences fit the table (ws_order_build fills it, ws_locate reads it).
+// Whether the call's sequences fit the table (ws_order_build fills it, ws_locate reads it), and whether they have
+// entries of their own in it (the interleaved walk and ws_locate's bisection of the sequences need them).
 __device__ __forceinline__ bool ws_table_holds(const AttentionArgs& a) {
   return a.q_mode == kQRagged && a.batch <= kWsOrderSeqs;
+}
+__device__ __forceinline__ bool ws_table_per_seq(const AttentionArgs& a) {
+  return ws_table_holds(a) && a.batch <= kWsSeqTable;
 }
 
 // Builds the order in shared memory. Called by every thread of the CTA (at least 8 warps: each warp scans up to
@@ -177,7 +181,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   int* c_long = c_tiles + 32;                // its longest sequence's tiles
   const int B = a.batch;
   const bool counted = ws_table_holds(a);
-  const bool per_seq = B <= kWsSeqTable;  // entries of their own (ws_locate)
+  const bool per_seq = ws_table_per_seq(a);
   const int nchunks = counted ? (B + 31) / 32 : 0;
   // 1. Every chunk's raw offsets[b + 1], all loads at once; the chunk's max.
   int64_t v[kPer];
@@ -310,7 +314,7 @@ __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* 
   if (a.q_mode != kQRagged) return locate_tile<BM>(a, tile);
   SeqTile st;
   st.b = -1;
-  if (a.batch <= kWsSeqTable) {
+  if (ws_table_per_seq(a)) {
     const int* first = order + kWsOrderFirst;
     const int* eff = order + kWsOrderEff;
     const int B = a.batch;
@@ -334,12 +338,7 @@ __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* 
       tiles_before = first[lo];
       carry = order[kWsOrderChunkEff + lo];
     }
-    scan_tiles<BM>(a, tile, base0, &carry, &tiles_before, &st);
-    if (st.b < 0) {  // past the last tile: as locate_tile
-      st.row0 = tiles_before;
-      st.pos0 = carry;
-      return st;
-    }
+    if (!scan_tiles<BM>(a, tile, base0, &carry, &tiles_before, &st)) return st;  // past the last tile
   }
   locate_keys(a, &st);
   return st;
