@@ -120,6 +120,9 @@ def main():
     ap.add_argument("--out", default="out")
     ap.add_argument("--flex-worker", action="store_true")
     ap.add_argument("--quick", action="store_true", help="our kernel and cuDNN only (no Flex, no per-token kernel)")
+    ap.add_argument("--ab-env", default="", help="NAME=VALUE: also time ours with this variable set (read at each "
+                    "launch), rounds interleaved in this process; prints the ratio (with --quick)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the --ab-env comparison")
     a = ap.parse_args()
     if a.flex_worker:
         flex_worker()
@@ -160,6 +163,21 @@ def main():
             q, offs, None, kv, cl, lut, 0, ids, implementation="native"))
         os.environ["MSA_OPS_CUDA_WGMMA"] = "1"
         t = bench(f, (q, kv, ids))
+        if a.ab_env:
+            name, val = a.ab_env.split("=", 1)
+            ts, tv = [t], []
+            for r in range(a.rounds):
+                os.environ[name] = val
+                tv.append(bench(f, (q, kv, ids)))
+                os.environ.pop(name)
+                if r + 1 < a.rounds:
+                    ts.append(bench(f, (q, kv, ids)))
+            def ms(xs):
+                return ", ".join(f"{x * 1e3:.3f}" for x in xs)
+
+            print(f"cache {cache} topk {topk}: default {min(ts) * 1e3:.3f} ms ({ms(ts)}), {a.ab_env} "
+                  f"{min(tv) * 1e3:.3f} ms ({ms(tv)}); default / {a.ab_env} speed {min(tv) / min(ts):.3f}", flush=True)
+            t = min(ts)
         t_tok = float("nan")
         if not a.quick:
             os.environ["MSA_OPS_CUDA_WGMMA"] = "0"

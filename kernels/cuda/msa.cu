@@ -726,6 +726,15 @@ bool make_msa_q_map(const MsaArgs& m, CUtensorMap* qmap) {
                           qmap);
 }
 
+// The output for the warp-specialized kernel's TMA stores (16 rows a box), or false (group not dividing 16, the
+// output not 16-byte aligned, MSA_OPS_DENSE_WS_STORE=0): then every lane stores its part of the rows.
+bool make_msa_out_map(const MsaArgs& m, CUtensorMap* omap) {
+  const char* env = std::getenv("MSA_OPS_DENSE_WS_STORE");
+  if (env != nullptr && env[0] == '0') return false;
+  if ((reinterpret_cast<uintptr_t>(m.out) & 15) != 0) return false;
+  return make_heads_q_map(m.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kD, m.T, m.H, m.Hkv, m.group, 16, omap);
+}
+
 template <typename KV>
 Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   using S = MsaSmem<KV>;
@@ -746,8 +755,11 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       const int grid = static_cast<int>(ws_items < sms ? ws_items : sms);
       auto kernel = msa_prefill_ws_sm90_kernel;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillWs::kSmemAlloc);
-      kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(a, kv, qmap, m.d_indices, m.topk,
-                                                                                static_cast<int>(tiles_x));
+      CUtensorMap omap;
+      const bool tma_store = make_msa_out_map(m, &omap);
+      if (!tma_store) omap = qmap;  // not read
+      kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(
+          a, kv, qmap, m.d_indices, m.topk, static_cast<int>(tiles_x), omap, tma_store ? 1 : 0);
     } else {
       auto kernel = msa_prefill_sm90_kernel;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);

@@ -73,7 +73,7 @@ struct MsaPrefillWs {
 __global__ void __launch_bounds__(384, 1)
     msa_prefill_ws_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm,
                                const __grid_constant__ CUtensorMap qmap, const int32_t* __restrict__ d_idx, int topk,
-                               int tiles_x) {
+                               int tiles_x, const __grid_constant__ CUtensorMap omap, int tma_store) {
 #if defined(MSA_OPS_SM90_WGMMA)
   using T = __nv_bfloat16;
   using C = MsaPrefillWs;
@@ -413,8 +413,24 @@ __global__ void __launch_bounds__(384, 1)
       // The rows leave through the warp's own rows of the Q buffer (its last Q K^T has completed; no other warp
       // touches them), and the buffer is handed back once this thread's stores have read it.
       unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
-      wg_store_rows_staged<T, D, BM>(a, st, rows_seq, warp_row0, it.sub, l_run, m_run, o, lane, stage);
-      fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
+      wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, it.sub, l_run, m_run, o, lane, stage, BM * 128);
+      if (tma_store != 0 && st.row0 + warp_row0 + 16 <= rows_seq) {
+        // All 16 rows of the warp are the sequence's: one TMA box per 64 columns, stored by lane 0, which hands
+        // the buffer back once the box has been read (attention_ws_sm90.cuh).
+        fence_proxy_async();  // the staged rows, before the async proxy reads them
+        __syncwarp();
+        if (lane == 0) {
+          const int tok = st.q_base + (st.row0 + warp_row0) / group;  // group divides 16 (make_msa_out_map)
+#pragma unroll
+          for (int h = 0; h < D / 64; ++h) tma_store_4d(&omap, smem_addr(stage + h * BM * 128), h * 64, 0, it.sub, tok);
+          bulk_commit();
+          bulk_wait_read();
+        }
+      } else {
+        __syncwarp();
+        warp_store_staged<T, D>(a, st, rows_seq, warp_row0, it.sub, lane, stage, BM * 128);
+        fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
+      }
       mbar_arrive(bar(C::kBarQEmpty + qb));
       ++qi;
     }
