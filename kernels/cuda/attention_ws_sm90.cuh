@@ -77,16 +77,12 @@ bool make_dense_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
   return make_heads_q_map(a.q, dt, D, a.total_rows, a.H, a.Hkv, a.group, DenseWs<D>::kBlockM, qmap);
 }
 
-// Host: the output as a TMA store target, 16 rows (one consumer warp's) a box, or false (group not dividing 16, the
-// output not 16-byte aligned, split-K, MSA_OPS_DENSE_WS_STORE=0): then every lane stores its part of the rows.
+// Host: the output for the consumers' TMA stores (make_ws_out_map), or false (also for split-K calls).
 template <typename T, int D>
 bool make_dense_out_map(const AttentionArgs& a, CUtensorMap* omap) {
-  const char* env = std::getenv("MSA_OPS_DENSE_WS_STORE");
-  if (env != nullptr && env[0] == '0') return false;
-  if (a.num_partitions > 1 || (reinterpret_cast<uintptr_t>(a.out) & 15) != 0) return false;
   const CUtensorMapDataType dt =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return make_heads_q_map(a.out, dt, D, a.total_rows, a.H, a.Hkv, a.group, 16, omap);
+  return a.num_partitions <= 1 && make_ws_out_map(a.out, dt, D, a.total_rows, a.H, a.Hkv, a.group, omap);
 }
 
 // tiles_x: the host's bound on the query tiles of the call (locate_tile's numbering); the items are the tiles
@@ -392,23 +388,7 @@ __global__ void __launch_bounds__(384, 1)
         // touches them), and the buffer is handed back once this thread's stores have read it.
         unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
         wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, hkv, l_run, m_run, o, lane, stage, BM * 128);
-        if (tma_store != 0 && st.row0 + warp_row0 + 16 <= rows_seq) {
-          // All 16 rows of the warp are the sequence's: the staged rows are one TMA box in the Q buffer's own
-          // layout, stored by lane 0, which hands the buffer back once the store has read it.
-          fence_proxy_async();  // the staged rows, before the async proxy reads them
-          __syncwarp();
-          if (lane == 0) {
-            const int tok = st.q_base + (st.row0 + warp_row0) / group;  // group divides 16 (make_dense_out_map)
-#pragma unroll
-            for (int h = 0; h < D / 64; ++h) tma_store_4d(&omap, smem_addr(stage + h * BM * 128), h * 64, 0, hkv, tok);
-            bulk_commit();
-            bulk_wait_read();  // (as CUTLASS's epilogues end: the grid's end waits for the writes themselves)
-          }
-        } else {
-          __syncwarp();
-          warp_store_staged<T, D>(a, st, rows_seq, warp_row0, hkv, lane, stage, BM * 128);
-          fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
-        }
+        ws_store_staged<T, D, BM>(a, st, rows_seq, warp_row0, hkv, group, lane, stage, &omap, tma_store);
       } else {
         wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, part, l_run, m_run, o, lane);
       }

@@ -726,13 +726,9 @@ bool make_msa_q_map(const MsaArgs& m, CUtensorMap* qmap) {
                           qmap);
 }
 
-// The output for the warp-specialized kernel's TMA stores (16 rows a box), or false (group not dividing 16, the
-// output not 16-byte aligned, MSA_OPS_DENSE_WS_STORE=0): then every lane stores its part of the rows.
+// The output for the warp-specialized kernel's TMA stores (make_ws_out_map), or false.
 bool make_msa_out_map(const MsaArgs& m, CUtensorMap* omap) {
-  const char* env = std::getenv("MSA_OPS_DENSE_WS_STORE");
-  if (env != nullptr && env[0] == '0') return false;
-  if ((reinterpret_cast<uintptr_t>(m.out) & 15) != 0) return false;
-  return make_heads_q_map(m.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kD, m.T, m.H, m.Hkv, m.group, 16, omap);
+  return make_ws_out_map(m.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kD, m.T, m.H, m.Hkv, m.group, omap);
 }
 
 template <typename KV>

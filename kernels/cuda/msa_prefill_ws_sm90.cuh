@@ -414,23 +414,7 @@ __global__ void __launch_bounds__(384, 1)
       // touches them), and the buffer is handed back once this thread's stores have read it.
       unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
       wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, it.sub, l_run, m_run, o, lane, stage, BM * 128);
-      if (tma_store != 0 && st.row0 + warp_row0 + 16 <= rows_seq) {
-        // All 16 rows of the warp are the sequence's: one TMA box per 64 columns, stored by lane 0, which hands
-        // the buffer back once the box has been read (attention_ws_sm90.cuh).
-        fence_proxy_async();  // the staged rows, before the async proxy reads them
-        __syncwarp();
-        if (lane == 0) {
-          const int tok = st.q_base + (st.row0 + warp_row0) / group;  // group divides 16 (make_msa_out_map)
-#pragma unroll
-          for (int h = 0; h < D / 64; ++h) tma_store_4d(&omap, smem_addr(stage + h * BM * 128), h * 64, 0, it.sub, tok);
-          bulk_commit();
-          bulk_wait_read();
-        }
-      } else {
-        __syncwarp();
-        warp_store_staged<T, D>(a, st, rows_seq, warp_row0, it.sub, lane, stage, BM * 128);
-        fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
-      }
+      ws_store_staged<T, D, BM>(a, st, rows_seq, warp_row0, it.sub, group, lane, stage, &omap, tma_store);
       mbar_arrive(bar(C::kBarQEmpty + qb));
       ++qi;
     }
