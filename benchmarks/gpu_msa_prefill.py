@@ -49,6 +49,10 @@ def visited_keys(cache: int, sel: np.ndarray) -> int:
     return total
 
 
+def _ms(times) -> str:
+    return ", ".join(f"{x * 1e3:.3f}" for x in times)
+
+
 def flex_worker() -> None:
     """Times torch FlexAttention for every config; prints one JSON line per config."""
     import torch
@@ -172,11 +176,8 @@ def main():
                 os.environ.pop(name)
                 if r + 1 < a.rounds:
                     ts.append(bench(f, (q, kv, ids)))
-            def ms(xs):
-                return ", ".join(f"{x * 1e3:.3f}" for x in xs)
-
-            print(f"cache {cache} topk {topk}: default {min(ts) * 1e3:.3f} ms ({ms(ts)}), {a.ab_env} "
-                  f"{min(tv) * 1e3:.3f} ms ({ms(tv)}); default / {a.ab_env} speed {min(tv) / min(ts):.3f}", flush=True)
+            print(f"cache {cache} topk {topk}: default {min(ts) * 1e3:.3f} ms ({_ms(ts)}), {a.ab_env} "
+                  f"{min(tv) * 1e3:.3f} ms ({_ms(tv)}); default / {a.ab_env} speed {min(tv) / min(ts):.3f}", flush=True)
             t = min(ts)
         t_tok = float("nan")
         if not a.quick:
