@@ -140,6 +140,18 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
   d |= static_cast<uint64_t>(1) << 62;
   return d;
 }
+// wgmma_desc(addr + off, ...) from wgmma_desc(addr, ...), for off a multiple of 16: the start address field (bits
+// 0-13, the address over 16) does not carry into the next while addr + off stays below 256 KB, as shared memory
+// addresses do, so one 32-bit add a step (wg_qk, wg_pv) instead of a descriptor built anew.
+__device__ __forceinline__ uint64_t wgmma_desc_add(uint64_t d, uint32_t off) {
+  return (d & 0xFFFFFFFF00000000ull) | (static_cast<uint32_t>(d) + (off >> 4));
+}
+// x as lane 0 has it: a value the compiler then knows to be the same in every lane of the warp (all lanes must be
+// present). The persistent kernels pass their ring stage through it, so that the MMAs' descriptors are built in
+// uniform registers between the MMAs. Built from a stage held per thread, all of a step's descriptors (about 120
+// instructions) came between the warpgroup's turn barrier and its first MMA, and the other warpgroup waited on
+// them: on an H200 that cost the dense persistent kernel 8-13% at S=2k-8k (NOTES_mha v33).
+__device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -266,11 +278,12 @@ MSA_WG_RS_N64(wgmma_rs_n64_f16, "f16")
 // swizzled [D/64][BN][64] K tile. Commits one wgmma group.
 template <typename T, int BM, int BN, int D>
 __device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
+  const uint64_t dq = wgmma_desc(q_wg, 16, 1024), dk = wgmma_desc(sK, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk % 4) * 32;  // 16 elements into the 128-byte row
-    const uint64_t da = wgmma_desc(q_wg + (kk / 4) * BM * 128 + koff, 16, 1024);
-    const uint64_t db = wgmma_desc(sK + (kk / 4) * BN * 128 + koff, 16, 1024);
+    const uint64_t da = wgmma_desc_add(dq, (kk / 4) * BM * 128 + koff);
+    const uint64_t db = wgmma_desc_add(dk, (kk / 4) * BN * 128 + koff);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma_ss_n128_bf16(s, da, db, kk > 0 ? 1 : 0);
     else wgmma_ss_n128_f16(s, da, db, kk > 0 ? 1 : 0);
   }
@@ -281,9 +294,10 @@ __device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
 // Commits one wgmma group.
 template <typename T, int BN, int D>
 __device__ __forceinline__ void wg_pv(float* o, const uint32_t (*pf)[4], uint32_t sV) {
+  const uint64_t dv = wgmma_desc(sV, BN * 128, 1024);
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks) {
-    const uint64_t db = wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
+    const uint64_t db = wgmma_desc_add(dv, ks * 16 * 128);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if constexpr (D == 128) wgmma_rs_n128_bf16(o, pf[ks], db);
       else wgmma_rs_n64_bf16(o, pf[ks], db);

@@ -293,8 +293,8 @@ __global__ void __launch_bounds__(384, 1)
       for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
       const uint32_t q_wg = s0 + C::kOffQ + qb * C::kTileBytes + cwg * 64 * 128;
-      auto sK = [&](int gj) { return s0 + C::kOffK + (gj % S) * C::kTileBytes; };
-      auto sV = [&](int gj) { return s0 + C::kOffV + (gj % S) * C::kTileBytes; };
+      auto sK = [&](int gj) { return s0 + C::kOffK + (warp_uniform(gj) % S) * C::kTileBytes; };
+      auto sV = [&](int gj) { return s0 + C::kOffV + (warp_uniform(gj) % S) * C::kTileBytes; };
       uint32_t present[BN / 32];
       // K of tile j landed; its present-key mask read before the slot is released.
       auto wait_k = [&](int gj) {

@@ -350,8 +350,8 @@ __global__ void __launch_bounds__(384, 1)
         const int n = sMeta[slot * 2], last = sMeta[slot * 2 + 1];
         const int* ids = sIds + slot * C::kChunk;
         const uint32_t* mask = sMask + slot * C::kChunk * C::kMaskWords;
-        auto sK = [&](int gj) { return s0 + C::kOffK + (gj & 1) * C::kTileBytes; };
-        auto sV = [&](int gj) { return s0 + C::kOffV + (gj & 1) * C::kTileBytes; };
+        auto sK = [&](int gj) { return s0 + C::kOffK + (warp_uniform(gj) & 1) * C::kTileBytes; };
+        auto sV = [&](int gj) { return s0 + C::kOffV + (warp_uniform(gj) & 1) * C::kTileBytes; };
         auto wait_k = [&](int gj) { mbar_wait_ws(bar(C::kBarKFull + (gj & 1)), (gj >> 1) & 1); };
         auto wait_v = [&](int j, int gj) {  // V of block j landed; its rows past the sequence's keys are zeroed
           mbar_wait_ws(bar(C::kBarVFull + (gj & 1)), (gj >> 1) & 1);
