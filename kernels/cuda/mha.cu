@@ -84,9 +84,8 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
         int walk = a.mask == kMaskNull ? kWsHeadsSlowest : kWsShortSlowest;
         if (const char* w = std::getenv("MSA_OPS_DENSE_WS_WALK"); w != nullptr && w[0] >= '0' && w[0] <= '3')
           walk = w[0] - '0';
-        CUtensorMap omap;  // warps' whole 16-row slices leave by TMA store where the output allows it
+        CUtensorMap omap{};  // warps' whole 16-row slices leave by TMA store where the output allows it (else unread)
         const bool tma_store = make_dense_out_map<T, D>(a, &omap);
-        if (!tma_store) omap = qmap;  // not read
         kernel<<<ws_grid, CW::kThreads, CW::kSmemAlloc, stream>>>(a, kv, qmap, grid_x, walk, omap, tma_store ? 1 : 0);
       } else {
         using C90 = Sm90Config<T, D>;

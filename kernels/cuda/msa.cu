@@ -751,9 +751,8 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       const int grid = static_cast<int>(ws_items < sms ? ws_items : sms);
       auto kernel = msa_prefill_ws_sm90_kernel;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillWs::kSmemAlloc);
-      CUtensorMap omap;
+      CUtensorMap omap{};  // unread where tma_store is 0
       const bool tma_store = make_msa_out_map(m, &omap);
-      if (!tma_store) omap = qmap;  // not read
       kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(
           a, kv, qmap, m.d_indices, m.topk, static_cast<int>(tiles_x), omap, tma_store ? 1 : 0);
     } else {
