@@ -147,7 +147,7 @@ __device__ __forceinline__ uint64_t wgmma_desc_add(uint64_t d, uint32_t off) {
   return (d & 0xFFFFFFFF00000000ull) | (static_cast<uint32_t>(d) + (off >> 4));
 }
 // x as lane 0 has it: a value the compiler then knows to be the same in every lane of the warp (all lanes must be
-// present). The persistent kernels pass their ring stage through it, so that the MMAs' descriptors are built in
+// present). The dense persistent kernel passes its ring stage through it, so that the MMAs' descriptors are built in
 // uniform registers between the MMAs. Built from a stage held per thread, all of a step's descriptors (about 120
 // instructions) came between the warpgroup's turn barrier and its first MMA, and the other warpgroup waited on
 // them: on an H200 that cost the dense persistent kernel 8-13% at S=2k-8k (NOTES_mha v33).
@@ -275,15 +275,18 @@ MSA_WG_RS_N64(wgmma_rs_n64_f16, "f16")
 // per warp the mma.sync m16n8 layout repeated over 8-column blocks); S has NS 8-key column blocks.
 
 // S (64 x BN per warpgroup) = Q K^T. q_wg: the warpgroup's 64 rows of the swizzled [D/64][BM][64] Q tile; sK: the
-// swizzled [D/64][BN][64] K tile. Commits one wgmma group.
-template <typename T, int BM, int BN, int D>
+// swizzled [D/64][BN][64] K tile. Commits one wgmma group. kStepAdd: each MMA's descriptor is the tile's plus a
+// constant (wgmma_desc_add; the dense kernels), else built anew from the address (the MSA prefill kernels, whose
+// schedule was measured faster that way: NOTES_msa v24).
+template <typename T, int BM, int BN, int D, bool kStepAdd = true>
 __device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
   const uint64_t dq = wgmma_desc(q_wg, 16, 1024), dk = wgmma_desc(sK, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk % 4) * 32;  // 16 elements into the 128-byte row
-    const uint64_t da = wgmma_desc_add(dq, (kk / 4) * BM * 128 + koff);
-    const uint64_t db = wgmma_desc_add(dk, (kk / 4) * BN * 128 + koff);
+    const uint32_t oq = (kk / 4) * BM * 128 + koff, ok = (kk / 4) * BN * 128 + koff;
+    const uint64_t da = kStepAdd ? wgmma_desc_add(dq, oq) : wgmma_desc(q_wg + oq, 16, 1024);
+    const uint64_t db = kStepAdd ? wgmma_desc_add(dk, ok) : wgmma_desc(sK + ok, 16, 1024);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma_ss_n128_bf16(s, da, db, kk > 0 ? 1 : 0);
     else wgmma_ss_n128_f16(s, da, db, kk > 0 ? 1 : 0);
   }
@@ -291,13 +294,13 @@ __device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
 }
 
 // O (64 x D per warpgroup) += P V. pf: P rounded to T in registers; sV: the V tile (K's layout, read MN-major).
-// Commits one wgmma group.
-template <typename T, int BN, int D>
+// Commits one wgmma group. kStepAdd: as in wg_qk.
+template <typename T, int BN, int D, bool kStepAdd = true>
 __device__ __forceinline__ void wg_pv(float* o, const uint32_t (*pf)[4], uint32_t sV) {
   const uint64_t dv = wgmma_desc(sV, BN * 128, 1024);
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks) {
-    const uint64_t db = wgmma_desc_add(dv, ks * 16 * 128);
+    const uint64_t db = kStepAdd ? wgmma_desc_add(dv, ks * 16 * 128) : wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if constexpr (D == 128) wgmma_rs_n128_bf16(o, pf[ks], db);
       else wgmma_rs_n64_bf16(o, pf[ks], db);

@@ -726,11 +726,6 @@ bool make_msa_q_map(const MsaArgs& m, CUtensorMap* qmap) {
                           qmap);
 }
 
-// The output for the warp-specialized kernel's TMA stores (make_ws_out_map), or false.
-bool make_msa_out_map(const MsaArgs& m, CUtensorMap* omap) {
-  return make_ws_out_map(m.out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kD, m.T, m.H, m.Hkv, m.group, omap);
-}
-
 template <typename KV>
 Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   using S = MsaSmem<KV>;
@@ -751,10 +746,8 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       const int grid = static_cast<int>(ws_items < sms ? ws_items : sms);
       auto kernel = msa_prefill_ws_sm90_kernel;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillWs::kSmemAlloc);
-      CUtensorMap omap{};  // unread where tma_store is 0
-      const bool tma_store = make_msa_out_map(m, &omap);
-      kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(
-          a, kv, qmap, m.d_indices, m.topk, static_cast<int>(tiles_x), omap, tma_store ? 1 : 0);
+      kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(a, kv, qmap, m.d_indices, m.topk,
+                                                                                static_cast<int>(tiles_x));
     } else {
       auto kernel = msa_prefill_sm90_kernel;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);

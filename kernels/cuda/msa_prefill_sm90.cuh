@@ -242,8 +242,8 @@ __global__ void __launch_bounds__(256, 1)
     fence_proxy_async();
     __syncthreads();
   };
-  auto issue_qk = [&](int g) { wg_qk<T, BM, BN, D>(s, q_wg, sK0 + (g & 1) * C::kTileBytes); };
-  auto issue_pv = [&](int g) { wg_pv<T, BN, D>(o, pf, sV0 + (g & 1) * C::kTileBytes); };
+  auto issue_qk = [&](int g) { wg_qk<T, BM, BN, D, false>(s, q_wg, sK0 + (g & 1) * C::kTileBytes); };
+  auto issue_pv = [&](int g) { wg_pv<T, BN, D, false>(o, pf, sV0 + (g & 1) * C::kTileBytes); };
   auto softmax = [&](int j) {  // union block j
     msa_block_softmax<NS>(s, sMask + j * C::kMaskWords, sIds[j] * BN, tok_rel, row_hi, m_run, l_run, corr, sl2, lane);
   };

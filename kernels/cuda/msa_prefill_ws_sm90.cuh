@@ -73,7 +73,7 @@ struct MsaPrefillWs {
 __global__ void __launch_bounds__(384, 1)
     msa_prefill_ws_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm,
                                const __grid_constant__ CUtensorMap qmap, const int32_t* __restrict__ d_idx, int topk,
-                               int tiles_x, const __grid_constant__ CUtensorMap omap, int tma_store) {
+                               int tiles_x) {
 #if defined(MSA_OPS_SM90_WGMMA)
   using T = __nv_bfloat16;
   using C = MsaPrefillWs;
@@ -350,8 +350,8 @@ __global__ void __launch_bounds__(384, 1)
         const int n = sMeta[slot * 2], last = sMeta[slot * 2 + 1];
         const int* ids = sIds + slot * C::kChunk;
         const uint32_t* mask = sMask + slot * C::kChunk * C::kMaskWords;
-        auto sK = [&](int gj) { return s0 + C::kOffK + (warp_uniform(gj) & 1) * C::kTileBytes; };
-        auto sV = [&](int gj) { return s0 + C::kOffV + (warp_uniform(gj) & 1) * C::kTileBytes; };
+        auto sK = [&](int gj) { return s0 + C::kOffK + (gj & 1) * C::kTileBytes; };
+        auto sV = [&](int gj) { return s0 + C::kOffV + (gj & 1) * C::kTileBytes; };
         auto wait_k = [&](int gj) { mbar_wait_ws(bar(C::kBarKFull + (gj & 1)), (gj >> 1) & 1); };
         auto wait_v = [&](int j, int gj) {  // V of block j landed; its rows past the sequence's keys are zeroed
           mbar_wait_ws(bar(C::kBarVFull + (gj & 1)), (gj >> 1) & 1);
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(384, 1)
           wait_k(g);
           turn();
           wgmma_fence();
-          wg_qk<T, BM, BN, D>(s, q_wg, sK(g));
+          wg_qk<T, BM, BN, D, false>(s, q_wg, sK(g));
           pass();
           wgmma_wait<0>();
           fence_regs<NS * 4>(s);
@@ -383,8 +383,8 @@ __global__ void __launch_bounds__(384, 1)
             fence_regs<ND * 4>(o);
             turn();
             wgmma_fence();
-            wg_qk<T, BM, BN, D>(s, q_wg, sK(g + j));
-            wg_pv<T, BN, D>(o, pf, sV(g + j - 1));
+            wg_qk<T, BM, BN, D, false>(s, q_wg, sK(g + j));
+            wg_pv<T, BN, D, false>(o, pf, sV(g + j - 1));
             pass();
             wgmma_wait<1>();
             fence_regs<NS * 4>(s);
@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(384, 1)
           fence_regs<ND * 4>(o);
           turn();
           wgmma_fence();
-          wg_pv<T, BN, D>(o, pf, sV(g + n - 1));
+          wg_pv<T, BN, D, false>(o, pf, sV(g + n - 1));
           pass();
           wgmma_wait<0>();
           fence_regs<ND * 4>(o);
@@ -413,8 +413,8 @@ __global__ void __launch_bounds__(384, 1)
       // The rows leave through the warp's own rows of the Q buffer (its last Q K^T has completed; no other warp
       // touches them), and the buffer is handed back once this thread's stores have read it.
       unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
-      wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, it.sub, l_run, m_run, o, lane, stage, BM * 128);
-      ws_store_staged<T, D, BM>(a, st, rows_seq, warp_row0, it.sub, group, lane, stage, &omap, tma_store);
+      wg_store_rows_staged<T, D, BM>(a, st, rows_seq, warp_row0, it.sub, l_run, m_run, o, lane, stage);
+      fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
       mbar_arrive(bar(C::kBarQEmpty + qb));
       ++qi;
     }

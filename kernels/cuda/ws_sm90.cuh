@@ -8,7 +8,7 @@
 namespace msa_ops {
 namespace cuda {
 
-// Rows of one TMA store of the persistent kernels' output: a consumer warp's.
+// Rows of one TMA store of the dense persistent kernel's output: a consumer warp's.
 constexpr int kWsStoreRows = 16;
 
 #if defined(MSA_OPS_SM90_WGMMA)
@@ -122,7 +122,7 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Host: the output of an unsplit call as the persistent kernels' TMA store target (make_heads_q_map, boxes of
+// Host: the output of an unsplit call as the dense persistent kernel's TMA store target (make_heads_q_map, boxes of
 // kWsStoreRows rows), or false (group not dividing kWsStoreRows, the output not 16-byte aligned,
 // MSA_OPS_DENSE_WS_STORE=0): then every lane stores its part of the rows.
 inline bool make_ws_out_map(void* out, CUtensorMapDataType dt, int d, int64_t rows, int H, int Hkv, int group,
