@@ -52,3 +52,10 @@ for k in build info pytest_gpu pytest_cpu_native demo "${BENCHES[@]}" sanitizer;
   echo "| $k | ${STATUS[$k]:-skipped} | $(grep -E 'passed|failed|ERROR SUMMARY|result:' "$OUT/$k.log" 2>/dev/null | tail -n 1) |"
 done
 for f in "$OUT"/*.md; do [ -e "$f" ] && cat "$f"; done
+# The device tool returns at most 8 files from $OUT: past that, everything goes into one archive (PACK=0 keeps the
+# files loose), e.g. `tar xf gpu_check.tar -C benchmarks/results gpu_mha.json gpu_mha.md` here afterwards.
+n=$(find "$OUT" -maxdepth 1 -type f | wc -l)
+if [ "${PACK:-1}" != 0 ] && [ "$n" -gt 8 ]; then
+  (cd "$OUT" && tar cf gpu_check.tar --exclude=gpu_check.tar -- * && find . -maxdepth 1 -type f ! -name gpu_check.tar -delete)
+  echo "($n files of $OUT packed into gpu_check.tar)"
+fi
