@@ -77,13 +77,49 @@ bool make_dense_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
   return make_heads_q_map(a.q, dt, D, a.total_rows, a.H, a.Hkv, a.group, DenseWs<D>::kBlockM, qmap);
 }
 
-// Host: the output for the consumers' TMA stores (make_ws_out_map), or false (also for split-K calls).
+// Rows of one TMA store of the output: a consumer warp's.
+constexpr int kWsStoreRows = 16;
+
+// Host: the output of an unsplit call as the consumers' TMA store target (make_heads_q_map, boxes of kWsStoreRows
+// rows), or false (split-K calls, group not dividing kWsStoreRows, the output not 16-byte aligned,
+// MSA_OPS_DENSE_WS_STORE=0): then every lane stores its part of the rows.
 template <typename T, int D>
 bool make_dense_out_map(const AttentionArgs& a, CUtensorMap* omap) {
+  if (a.num_partitions > 1) return false;
+  const char* env = std::getenv("MSA_OPS_DENSE_WS_STORE");
+  if (env != nullptr && env[0] == '0') return false;
+  if ((reinterpret_cast<uintptr_t>(a.out) & 15) != 0) return false;
   const CUtensorMapDataType dt =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return a.num_partitions <= 1 && make_ws_out_map(a.out, dt, D, a.total_rows, a.H, a.Hkv, a.group, omap);
+  return make_heads_q_map(a.out, dt, D, a.total_rows, a.H, a.Hkv, a.group, kWsStoreRows, omap);
 }
+
+#if defined(MSA_OPS_SM90_WGMMA)
+// The unsplit epilogue's stores, after wg_stage_rows has put a warp's 16 rows, normalized, into its rows of the Q
+// buffer (the layout of a 16-row TMA box): one TMA store per 64 columns when all 16 rows belong to the sequence and
+// tma_store is set (omap: make_dense_out_map), lane 0 waiting only until the boxes have been read; otherwise each lane
+// stores its part (warp_store_staged). Either way the warp may hand the buffer back once this returns.
+template <typename T, int D, int BM>
+__device__ __forceinline__ void ws_store_staged(const AttentionArgs& a, const SeqTile& st, int rows_seq, int warp_row0,
+                                                int hkv, int group, int lane, unsigned char* stage,
+                                                const CUtensorMap* omap, int tma_store) {
+  if (tma_store != 0 && st.row0 + warp_row0 + kWsStoreRows <= rows_seq) {
+    fence_proxy_async();  // the staged rows, before the async proxy reads them
+    __syncwarp();
+    if (lane == 0) {
+      const int tok = st.q_base + (st.row0 + warp_row0) / group;  // group divides kWsStoreRows (make_dense_out_map)
+#pragma unroll
+      for (int h = 0; h < D / 64; ++h) tma_store_4d(omap, smem_addr(stage + h * BM * 128), h * 64, 0, hkv, tok);
+      bulk_commit();
+      bulk_wait_read();  // (as CUTLASS's epilogues end: the grid's end waits for the writes themselves)
+    }
+  } else {
+    __syncwarp();
+    warp_store_staged<T, D>(a, st, rows_seq, warp_row0, hkv, lane, stage, BM * 128);
+    fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
+  }
+}
+#endif
 
 // tiles_x: the host's bound on the query tiles of the call (locate_tile's numbering); the items are the tiles
 // (counted by ws_order_build where it can, else tiles_x) x Hkv x partitions, walked as `walk` (WsWalk) says.

@@ -8,9 +8,6 @@
 namespace msa_ops {
 namespace cuda {
 
-// Rows of one TMA store of the dense persistent kernel's output: a consumer warp's.
-constexpr int kWsStoreRows = 16;
-
 #if defined(MSA_OPS_SM90_WGMMA)
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
@@ -44,30 +41,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-// The unsplit epilogue's stores, after wg_stage_rows has put a warp's 16 rows, normalized, into its rows of the Q
-// buffer (the layout of a 16-row TMA box): one TMA store per 64 columns when all 16 rows belong to the sequence and
-// tma_store is set (omap: make_ws_out_map), lane 0 waiting only until the boxes have been read; otherwise each lane
-// stores its part (warp_store_staged). Either way the warp may hand the buffer back once this returns.
-template <typename T, int D, int BM>
-__device__ __forceinline__ void ws_store_staged(const AttentionArgs& a, const SeqTile& st, int rows_seq, int warp_row0,
-                                                int hkv, int group, int lane, unsigned char* stage,
-                                                const CUtensorMap* omap, int tma_store) {
-  if (tma_store != 0 && st.row0 + warp_row0 + kWsStoreRows <= rows_seq) {
-    fence_proxy_async();  // the staged rows, before the async proxy reads them
-    __syncwarp();
-    if (lane == 0) {
-      const int tok = st.q_base + (st.row0 + warp_row0) / group;  // group divides kWsStoreRows (make_ws_out_map)
-#pragma unroll
-      for (int h = 0; h < D / 64; ++h) tma_store_4d(omap, smem_addr(stage + h * BM * 128), h * 64, 0, hkv, tok);
-      bulk_commit();
-      bulk_wait_read();  // (as CUTLASS's epilogues end: the grid's end waits for the writes themselves)
-    }
-  } else {
-    __syncwarp();
-    warp_store_staged<T, D>(a, st, rows_seq, warp_row0, hkv, lane, stage, BM * 128);
-    fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
-  }
 }
 #endif
 
@@ -120,17 +93,6 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
   return encode(qmap, dt, 4, const_cast<void*>(q), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// Host: the output of an unsplit call as the dense persistent kernel's TMA store target (make_heads_q_map, boxes of
-// kWsStoreRows rows), or false (group not dividing kWsStoreRows, the output not 16-byte aligned,
-// MSA_OPS_DENSE_WS_STORE=0): then every lane stores its part of the rows.
-inline bool make_ws_out_map(void* out, CUtensorMapDataType dt, int d, int64_t rows, int H, int Hkv, int group,
-                            CUtensorMap* omap) {
-  const char* env = std::getenv("MSA_OPS_DENSE_WS_STORE");
-  if (env != nullptr && env[0] == '0') return false;
-  if ((reinterpret_cast<uintptr_t>(out) & 15) != 0) return false;
-  return make_heads_q_map(out, dt, d, rows, H, Hkv, group, kWsStoreRows, omap);
 }
 
 // ---- device: the walk
