@@ -280,7 +280,8 @@ MSA_WG_RS_N64(wgmma_rs_n64_f16, "f16")
 // schedule was measured faster that way: NOTES_msa v24).
 template <typename T, int BM, int BN, int D, bool kStepAdd = true>
 __device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
-  const uint64_t dq = wgmma_desc(q_wg, 16, 1024), dk = wgmma_desc(sK, 16, 1024);
+  // (The tiles' own descriptors only for kStepAdd; otherwise each MMA's is built from its address below.)
+  const uint64_t dq = kStepAdd ? wgmma_desc(q_wg, 16, 1024) : 0, dk = kStepAdd ? wgmma_desc(sK, 16, 1024) : 0;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk % 4) * 32;  // 16 elements into the 128-byte row
@@ -297,7 +298,7 @@ __device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
 // Commits one wgmma group. kStepAdd: as in wg_qk.
 template <typename T, int BN, int D, bool kStepAdd = true>
 __device__ __forceinline__ void wg_pv(float* o, const uint32_t (*pf)[4], uint32_t sV) {
-  const uint64_t dv = wgmma_desc(sV, BN * 128, 1024);
+  const uint64_t dv = kStepAdd ? wgmma_desc(sV, BN * 128, 1024) : 0;
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks) {
     const uint64_t db = kStepAdd ? wgmma_desc_add(dv, ks * 16 * 128) : wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
