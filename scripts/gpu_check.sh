@@ -53,7 +53,9 @@ for k in build info pytest_gpu pytest_cpu_native demo "${BENCHES[@]}" sanitizer;
 done
 for f in "$OUT"/*.md; do [ -e "$f" ] && cat "$f"; done
 # The device tool returns at most 8 files from $OUT: past that, everything goes into one archive (PACK=0 keeps the
-# files loose), e.g. `tar xf gpu_check.tar -C benchmarks/results gpu_mha.json gpu_mha.md` here afterwards.
+# files loose), e.g. `tar xf gpu_check.tar -C benchmarks/results gpu_mha.json gpu_mha.md` here afterwards. Files the
+# caller has in $OUT by then go in too and leave $OUT, this script's own redirected output among them: a command
+# that reads it afterwards should redirect it outside $OUT, or pass PACK=0.
 n=$(find "$OUT" -maxdepth 1 -type f | wc -l)
 if [ "${PACK:-1}" != 0 ] && [ "$n" -gt 8 ]; then
   (cd "$OUT" && tar cf gpu_check.tar --exclude=gpu_check.tar -- * && find . -maxdepth 1 -type f ! -name gpu_check.tar -delete)
