@@ -7,7 +7,8 @@ FlexAttention gets the same block mask (BlockMask.from_kv_blocks: the earlier bl
 causal), with GQA. TFLOP/s = 4 * D * H * (visited keys summed over tokens) / time, where a token visits the
 keys of its selected blocks at or before its position. cuDNN's is dense causal at S=8192 (no cache), same
 B, H, Hkv, D, the issue's peer figure. The per-token kernel (MSA_OPS_CUDA_WGMMA=0) is timed for comparison.
-Prints a markdown table and writes gpu_msa_prefill.json / .md into --out.
+Ours, Flex (a child process kept alive) and cuDNN are timed once a round over --rounds rounds in rotating order;
+medians are reported. Prints a markdown table and writes gpu_msa_prefill.json / .md into --out.
 """
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ def _ms(times) -> str:
 
 
 def flex_worker() -> None:
-    """Times torch FlexAttention for every config; prints one JSON line per config."""
+    """Serves FlexAttention timings: compiles every config, prints "ready", then answers each stdin line
+    "cache topk" with one JSON line (seconds per call). It stays alive so that the parent can time Flex between
+    its own timings, in the same stretch of the GPU's clocks and temperature."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
     dev = "cuda"
+    runs = {}
     for cache, topk in CONFIGS:
         sel = torch.as_tensor(selection(cache, topk), device=dev)
         nqb, nkb = S // BLK, (cache + S) // BLK
@@ -85,38 +89,73 @@ def flex_worker() -> None:
         q = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, generator=g)
         k = torch.randn(B, HKV, cache + S, D, device=dev, dtype=torch.bfloat16, generator=g)
         v = torch.randn(B, HKV, cache + S, D, device=dev, dtype=torch.bfloat16, generator=g)
+
         def run(q=q, k=k, v=v, bm=bm):
             return flex(q, k, v, block_mask=bm, enable_gqa=True)
 
+        run()  # compiles
+        runs[(cache, topk)] = run
+    torch.cuda.synchronize()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cache, topk = map(int, line.split())
+        run = runs[(cache, topk)]
         run()
         torch.cuda.synchronize()
         ts = []
         for _ in range(5):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
-            for _ in range(10):
+            for _ in range(20):
                 run()
             e1.record()
             torch.cuda.synchronize()
-            ts.append(e0.elapsed_time(e1) / 10 / 1e3)
+            ts.append(e0.elapsed_time(e1) / 20 / 1e3)
         print(json.dumps({"cache": cache, "topk": topk, "flex_s": float(np.median(ts))}), flush=True)
 
 
-def run_flex() -> dict:
-    """FlexAttention in a child process (torch and JAX each keep their own GPU memory pool); {} if it fails."""
-    try:
-        p = subprocess.run([sys.executable, __file__, "--flex-worker"], capture_output=True, text=True, timeout=300)
-    except Exception as e:  # noqa: BLE001 - the peer is optional
-        print(f"FlexAttention: not run ({e})")
-        return {}
-    res = {}
-    for line in p.stdout.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            res[(r["cache"], r["topk"])] = r["flex_s"]
-    if p.returncode != 0:
-        print(f"FlexAttention: exit {p.returncode}\n{p.stderr[-3000:]}")
-    return res
+class FlexPeer:
+    """FlexAttention in a child process that stays alive (torch and JAX each keep their own GPU memory pool).
+    Started before JAX takes the GPU; `time(cache, topk)` returns seconds per call, or None once it has failed."""
+
+    def __init__(self, timeout: float = 600.0):
+        import tempfile
+
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.p = subprocess.Popen([sys.executable, __file__, "--flex-worker"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.err, text=True)
+        self.ok = self._line(timeout) == "ready"
+        if not self.ok:
+            self._fail("did not start")
+
+    def _line(self, timeout: float):
+        import select
+
+        r, _, _ = select.select([self.p.stdout], [], [], timeout)
+        return self.p.stdout.readline().strip() if r else None
+
+    def _fail(self, why: str) -> None:
+        self.ok = False
+        self.p.kill()
+        self.err.seek(0)
+        print(f"FlexAttention: {why}\n{self.err.read()[-3000:]}", flush=True)
+
+    def time(self, cache: int, topk: int):
+        if not self.ok:
+            return None
+        try:
+            self.p.stdin.write(f"{cache} {topk}\n")
+            self.p.stdin.flush()
+            line = self._line(120.0)
+            return float(json.loads(line)["flex_s"])
+        except Exception as e:  # noqa: BLE001 - the peer is optional
+            self._fail(f"failed ({e})")
+            return None
+
+    def close(self) -> None:
+        if self.ok:
+            self.p.stdin.close()
+            self.p.wait(timeout=60)
 
 
 def main():
@@ -126,12 +165,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="our kernel and cuDNN only (no Flex, no per-token kernel)")
     ap.add_argument("--ab-env", default="", help="NAME=VALUE: also time ours with this variable set (read at each "
                     "launch), in pairs of alternating order in this process; prints the median ratio of the pairs")
-    ap.add_argument("--rounds", type=int, default=4, help="pairs of the --ab-env comparison")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the comparison: each times ours, Flex and cuDNN "
+                    "(or, with --ab-env, one pair)")
     a = ap.parse_args()
     if a.flex_worker:
         flex_worker()
         return
-    flex = {} if a.quick else run_flex()  # before JAX takes the GPU
+    flex = None if a.quick else FlexPeer()  # before JAX takes the GPU
 
     import jax
     import jax.numpy as jnp
@@ -139,15 +179,15 @@ def main():
 
     import msa_ops
 
-    # cuDNN dense causal, S=8192, no cache.
+    # cuDNN dense causal, S=8192, no cache; timed again in every round.
     kq = jax.random.normal(jax.random.PRNGKey(1), (B, S, H, D), jnp.bfloat16)
     kk = jax.random.normal(jax.random.PRNGKey(2), (B, S, HKV, D), jnp.bfloat16)
     kvv = jax.random.normal(jax.random.PRNGKey(3), (B, S, HKV, D), jnp.bfloat16)
     cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"))
+    cud_flops = 4 * B * S * S * H * D / 2
     t_cud = bench(cud, (kq, kk, kvv))
-    cud_tflops = 4 * B * S * S * H * D / 2 / t_cud / 1e12
-    del kq, kk, kvv
-    print(f"cuDNN dense causal S={S}: {t_cud * 1e3:.3f} ms, {cud_tflops:.0f} TFLOP/s", flush=True)
+    print(f"cuDNN dense causal S={S}: {t_cud * 1e3:.3f} ms, {cud_flops / t_cud / 1e12:.0f} TFLOP/s (first timing)",
+          flush=True)
 
     rows = []
     rng = np.random.default_rng(0)
@@ -166,7 +206,7 @@ def main():
         f = jax.jit(lambda q, kv, ids, offs=offs, cl=cl, lut=lut: msa_ops.msa_attention_ragged_paged(
             q, offs, None, kv, cl, lut, 0, ids, implementation="native"))
         os.environ["MSA_OPS_CUDA_WGMMA"] = "1"
-        t = bench(f, (q, kv, ids))
+        t_first = bench(f, (q, kv, ids))
         if a.ab_env:
             # Pairs after the first timing, in alternating order (default first in even rounds, the variable first
             # in odd ones): a process's first timing of a call has read up to 8% faster than its later ones on the
@@ -181,32 +221,61 @@ def main():
                     os.environ.pop(name, None)
                     (tv if with_var else ts).append(tt)
             ratios = [v / d for d, v in zip(ts, tv)]
-            print(f"cache {cache} topk {topk}: first {t * 1e3:.3f} ms; default ({_ms(ts)}), {a.ab_env} ({_ms(tv)}) ms; "
-                  f"{a.ab_env} / default time, median of {len(ratios)} pairs {float(np.median(ratios)):.3f} "
-                  f"({min(ratios):.3f}-{max(ratios):.3f})", flush=True)
+            print(f"cache {cache} topk {topk}: first {t_first * 1e3:.3f} ms; default ({_ms(ts)}), {a.ab_env} "
+                  f"({_ms(tv)}) ms; {a.ab_env} / default time, median of {len(ratios)} pairs "
+                  f"{float(np.median(ratios)):.3f} ({min(ratios):.3f}-{max(ratios):.3f})", flush=True)
+            continue
+        # Rounds: ours, Flex and cuDNN each timed once a round, the order rotated from round to round, so that every
+        # figure comes from the same stretch of the GPU's clocks and temperature (a process's first timing of a call
+        # has read 5-8% faster than its later ones: NOTES_msa.md v25). Medians over the rounds; each ratio is the
+        # median of the rounds' ratios.
+        timers = {"ours": lambda a_=(f, (q, kv, ids)): bench(*a_), "cudnn": lambda: bench(cud, (kq, kk, kvv))}
+        if flex is not None and flex.ok:
+            timers["flex"] = lambda c=cache, k=topk: flex.time(c, k)
+        names = list(timers)
+        got = {n: [] for n in names}
+        for r in range(a.rounds):
+            for i in range(len(names)):
+                n = names[(r + i) % len(names)]
+                got[n].append(timers[n]())
+        if "flex" in got and any(x is None for x in got["flex"]):
+            del got["flex"]
         t_tok = float("nan")
         if not a.quick:
             os.environ["MSA_OPS_CUDA_WGMMA"] = "0"
             t_tok = bench(f, (q, kv, ids), iters=5, repeats=3)
             os.environ["MSA_OPS_CUDA_WGMMA"] = "1"
-        r = {"cache": cache, "topk": topk, "ours_ms": t * 1e3, "ours_tflops": flops / t / 1e12,
-             "per_token_tflops": flops / t_tok / 1e12, "cudnn_dense_causal_tflops": cud_tflops}
-        r["ours_vs_cudnn"] = r["ours_tflops"] / cud_tflops
-        if (cache, topk) in flex:
-            r["flex_ms"] = flex[(cache, topk)] * 1e3
-            r["flex_tflops"] = flops / flex[(cache, topk)] / 1e12
-            r["ours_vs_flex"] = r["ours_tflops"] / r["flex_tflops"]
+        to, tc = np.array(got["ours"]), np.array(got["cudnn"])
+        t = float(np.median(to))
+        r = {"cache": cache, "topk": topk, "rounds": a.rounds, "ours_ms": t * 1e3, "ours_first_ms": t_first * 1e3,
+             "ours_ms_rounds": [x * 1e3 for x in got["ours"]], "ours_tflops": flops / t / 1e12,
+             "per_token_tflops": flops / t_tok / 1e12,
+             "cudnn_dense_causal_tflops": cud_flops / float(np.median(tc)) / 1e12,
+             "ours_vs_cudnn": float(np.median((flops / to) / (cud_flops / tc)))}
+        if "flex" in got:
+            tf = np.array(got["flex"])
+            rat = tf / to
+            r.update({"flex_ms": float(np.median(tf)) * 1e3, "flex_ms_rounds": [x * 1e3 for x in got["flex"]],
+                      "flex_tflops": flops / float(np.median(tf)) / 1e12, "ours_vs_flex": float(np.median(rat)),
+                      "ours_vs_flex_range": [float(rat.min()), float(rat.max())]})
         rows.append(r)
         print(json.dumps(r), flush=True)
-        del kv
+        del kv, timers
+    if flex is not None:
+        flex.close()
+    if a.ab_env:
+        return
     md = [f"# MSA prefill on {jax.devices()[0].device_kind} (jax {jax.__version__})", "",
           f"bf16, B={B}, S={S}, H={H}, Hkv={HKV}, D={D}; TFLOP/s over visited (selected, causal) keys; "
-          f"cuDNN: dense causal at S={S}, same run", "",
+          f"cuDNN: dense causal at S={S}. Ours, Flex and cuDNN timed once a round, {a.rounds} rounds in rotating "
+          "order in one run; times and TFLOP/s are medians over the rounds, ratios the median of the rounds' ratios "
+          "(Flex: with their range)", "",
           "| cache | topk | ours ms | ours TFLOP/s | per-token kernel | Flex ms | Flex TFLOP/s | cuDNN dense causal "
           "| ours / cuDNN | ours / Flex |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        fl = (f"{r['flex_ms']:.3f} | {r['flex_tflops']:.0f}", f"{r['ours_vs_flex']:.2f}x") if "flex_ms" in r else \
-            ("n/a | n/a", "n/a")
+        fl = (f"{r['flex_ms']:.3f} | {r['flex_tflops']:.0f}",
+              f"{r['ours_vs_flex']:.2f}x ({r['ours_vs_flex_range'][0]:.2f}-{r['ours_vs_flex_range'][1]:.2f})") \
+            if "flex_ms" in r else ("n/a | n/a", "n/a")
         md.append(f"| {r['cache']} | {r['topk']} | {r['ours_ms']:.3f} | {r['ours_tflops']:.0f} | "
                   f"{r['per_token_tflops']:.0f} | {fl[0]} | {r['cudnn_dense_causal_tflops']:.0f} | "
                   f"{r['ours_vs_cudnn']:.2f}x | {fl[1]} |")
