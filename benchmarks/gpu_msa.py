@@ -15,7 +15,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import bench, bench_in_graph, write_results
+from harness import bench, bench_in_graph, bench_rounds, graph_timer, write_results
 
 import msa_ops
 
@@ -26,47 +26,64 @@ PARTITION_SWEEP = (0, 2, 4)  # 0: the ladder's choice
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the bf16 / fp8 / cuDNN comparison")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []
     for cache in (32768, 131072):
         mp = cache // 128
         kv16, kv8, lut, offs, cl, q16, q8 = decode_case(cache, rng)
-        cud_gbs = cudnn_dense_gbs(q16, cache)
+        cud_timer, cud_bytes = cudnn_dense(q16, cache)
         for topk in (16, 64):
             ids = decode_ids(rng, mp, topk)
-            r = {"cache": cache, "topk": topk, "cudnn_dense_gbs": cud_gbs}
+            r = {"cache": cache, "topk": topk, "rounds": a.rounds}
             plan = msa_ops.plan("mo.msa.attention.ragged.paged", q16, offs, offs, kv16, cl, lut, 0, ids)
             r["partitions"] = plan.num_partitions
             r["partitions_fp8"] = msa_ops.plan("mo.msa.attention.ragged.paged", q8, offs, offs, kv8, cl, lut, 0,
                                                ids).num_partitions
-            for name, q, kv, eb in (("bf16", q16, kv16, 2), ("fp8", q8, kv8, 1)):
-                nbytes = 2 * B * HKV * topk * 128 * D * eb
-                for npart in PARTITION_SWEEP:
+            nbytes = {"bf16": 2 * B * HKV * topk * 128 * D * 2, "fp8": 2 * B * HKV * topk * 128 * D}
+            # The ladder's bf16 and fp8 calls and cuDNN's dense decode, once a round in rotating order (bench_rounds).
+            timers = {"cudnn": cud_timer, "bf16": graph_timer(msa_call(offs, cl, lut, 0), (q16, kv16, ids)),
+                      "fp8": graph_timer(msa_call(offs, cl, lut, 0), (q8, kv8, ids))}
+            got = {k: np.array(v) for k, v in bench_rounds(timers, a.rounds).items()}
+            for name in ("bf16", "fp8"):
+                t = float(np.median(got[name]))
+                r[name + "_us"] = t * 1e6
+                r[name + "_gbs"] = nbytes[name] / t / 1e9
+                r[name + "_us_rounds"] = [x * 1e6 for x in got[name]]
+            r["cudnn_dense_gbs"] = cud_bytes / float(np.median(got["cudnn"])) / 1e9
+            bf16_rel = (nbytes["bf16"] / got["bf16"]) / (cud_bytes / got["cudnn"])
+            speed = got["bf16"] / got["fp8"]
+            r["bf16_vs_cudnn"] = float(np.median(bf16_rel))
+            r["bf16_vs_cudnn_range"] = [float(bf16_rel.min()), float(bf16_rel.max())]
+            r["fp8_speedup"] = float(np.median(speed))
+            r["fp8_speedup_range"] = [float(speed.min()), float(speed.max())]
+            for name, q, kv in (("bf16", q16, kv16), ("fp8", q8, kv8)):
+                for npart in PARTITION_SWEEP[1:]:
                     t = bench_in_graph(msa_call(offs, cl, lut, npart), (q, kv, ids))
-                    key = name if npart == 0 else f"{name}_p{npart}"
-                    r[key + "_us"] = t * 1e6
-                    r[key + "_gbs"] = nbytes / t / 1e9
+                    r[f"{name}_p{npart}_us"] = t * 1e6
+                    r[f"{name}_p{npart}_gbs"] = nbytes[name] / t / 1e9
                 if cache == 131072 and topk == 64:  # the kv heads of a sequence select the same blocks
                     t = bench_in_graph(msa_call(offs, cl, lut, 0), (q, kv, jnp.broadcast_to(ids[:1], ids.shape)))
-                    r[name + "_shared_ids_gbs"] = nbytes / t / 1e9
-            r["bf16_vs_cudnn"] = r["bf16_gbs"] / cud_gbs
-            r["fp8_speedup"] = r["bf16_us"] / r["fp8_us"]
+                    r[name + "_shared_ids_gbs"] = nbytes[name] / t / 1e9
             rows.append(r)
             print(json.dumps(r), flush=True)
-        del kv16, kv8
+        del kv16, kv8, cud_timer, timers
     cud_128k = next(r["cudnn_dense_gbs"] for r in rows if r["cache"] == 131072)
     ix = run_indexer(rng, cud_128k)
     md = [f"# MSA decode on {jax.devices()[0].device_kind} (jax {jax.__version__})", "",
           "B=32, H=32, Hkv=4, D=128; GB/s over the gathered K/V blocks; cuDNN: dense decode, same shape, same run; "
-          "each timed as 10 calls in one jitted function (bench_in_graph)", "",
+          "each timed as 10 calls in one jitted function (bench_in_graph); bf16, fp8 and cuDNN once a round, "
+          f"{a.rounds} rounds in rotating order: times are medians, ratios the median of the rounds' ratios (range in "
+          "brackets)", "",
           "| cache | topk | partitions (bf16 / fp8) | bf16 us | bf16 GB/s | fp8 us | fp8 GB/s | cuDNN dense GB/s "
           "| bf16 / cuDNN | fp8 speedup |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         md.append(f"| {r['cache']} | {r['topk']} | {r['partitions']} / {r['partitions_fp8']} | "
                   f"{r['bf16_us']:.1f} | {r['bf16_gbs']:.0f} | "
-                  f"{r['fp8_us']:.1f} | {r['fp8_gbs']:.0f} | {r['cudnn_dense_gbs']:.0f} | {r['bf16_vs_cudnn']:.2f}x | "
-                  f"{r['fp8_speedup']:.2f}x |")
+                  f"{r['fp8_us']:.1f} | {r['fp8_gbs']:.0f} | {r['cudnn_dense_gbs']:.0f} | {r['bf16_vs_cudnn']:.2f}x "
+                  f"({r['bf16_vs_cudnn_range'][0]:.2f}-{r['bf16_vs_cudnn_range'][1]:.2f}) | {r['fp8_speedup']:.2f}x "
+                  f"({r['fp8_speedup_range'][0]:.2f}-{r['fp8_speedup_range'][1]:.2f}) |")
 
     def gbs(r, key):  # the shared-ids case runs at one point only
         return f"{r[key]:.0f}" if key in r else "n/a"
@@ -101,16 +118,21 @@ def decode_case(cache, rng):
     return kv16, kv8, lut, offs, cl, q16, q16.astype(jnp.float8_e4m3fn)
 
 
-def cudnn_dense_gbs(q16, cache):
-    """cuDNN's dense decode at the same shape (contiguous K/V), in GB/s of K+V."""
+def cudnn_dense(q16, cache):
+    """cuDNN's dense decode at the same shape (contiguous K/V): (a graph_timer, bytes of K+V a call)."""
     k = jax.random.normal(jax.random.PRNGKey(2), (B, cache, HKV, D), jnp.bfloat16)
     v = jax.random.normal(jax.random.PRNGKey(3), (B, cache, HKV, D), jnp.bfloat16)
 
     def cud(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
 
-    t_cud = bench_in_graph(cud, (q16.reshape(B, 1, H, D), k, v))
-    return 2 * B * cache * HKV * D * 2 / t_cud / 1e9
+    return graph_timer(cud, (q16.reshape(B, 1, H, D), k, v)), 2 * B * cache * HKV * D * 2
+
+
+def cudnn_dense_gbs(q16, cache):
+    """cuDNN's dense decode bandwidth at the same shape, timed once (scripts/probe_msa_decode_ab.py)."""
+    timer, nbytes = cudnn_dense(q16, cache)
+    return nbytes / timer() / 1e9
 
 
 def decode_ids(rng, mp, topk):

@@ -23,8 +23,8 @@ def bench(fn, args, iters: int = 20, repeats: int = 5) -> float:
     return float(np.median(ts))
 
 
-def bench_in_graph(op, args, n: int = 10, **kw) -> float:
-    """Seconds per call of ``op(*args)``, timed as ``n`` calls inside one jitted function.
+def in_graph(op, args, n: int = 10):
+    """``(fn, fn_args)``: ``n`` calls of ``op(*args)`` inside one jitted function, for `bench` (per call: divide by n).
 
     Host dispatch of a jitted call costs tens of microseconds, as much as a small decode kernel runs, so one
     call per dispatch measures the host. Here one dispatch runs ``n`` independent calls. Every argument enters
@@ -37,7 +37,32 @@ def bench_in_graph(op, args, n: int = 10, **kw) -> float:
     def many(*params):
         return tuple(op(*params[i * k : (i + 1) * k]) for i in range(n))
 
-    return bench(jax.jit(many), tuple(args) * n, **kw) / n
+    return jax.jit(many), tuple(args) * n
+
+
+def bench_in_graph(op, args, n: int = 10, **kw) -> float:
+    """Seconds per call of ``op(*args)``, timed as ``n`` calls inside one jitted function (`in_graph`)."""
+    return bench(*in_graph(op, args, n), **kw) / n
+
+
+def graph_timer(op, args, n: int = 10):
+    """A function returning `bench_in_graph`'s seconds per call, compiled once (for `bench_rounds`)."""
+    fn, fn_args = in_graph(op, args, n)
+    return lambda: bench(fn, fn_args) / n
+
+
+def bench_rounds(timers: dict, rounds: int) -> dict:
+    """{name: [seconds, one per round]}: each timer (a function returning seconds) called once a round, the order
+    rotated from round to round. Figures compared with each other so come from the same stretch of the GPU's
+    clocks and temperature: under load the H200 holds its 700 W cap by lowering its clock (1.7-1.98 GHz seen
+    in one run), and a process's first timing of a call has read up to 8% faster than its later ones."""
+    names = list(timers)
+    got = {n: [] for n in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            n = names[(r + i) % len(names)]
+            got[n].append(timers[n]())
+    return got
 
 
 def write_results(out_dir: str, name: str, rows: list, text: str) -> None:
