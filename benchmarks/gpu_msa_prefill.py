@@ -158,6 +158,28 @@ class FlexPeer:
             self.p.wait(timeout=60)
 
 
+def ours_case(cache: int, topk: int, rng):
+    """Our call at one config: (jitted fn, (q, kv, ids), FLOPs over the visited keys). rng draws the page order."""
+    import jax
+    import jax.numpy as jnp
+
+    import msa_ops
+
+    mp = (cache + S) // BLK
+    nb = B * mp
+    kv = jax.random.normal(jax.random.PRNGKey(cache + topk), (nb, 2, 1, BLK, HKV, D), jnp.bfloat16)
+    lut = jnp.asarray(rng.permutation(nb).reshape(B, mp), jnp.int32)
+    offs = jnp.asarray(np.arange(B + 1) * S, jnp.int32)
+    cl = jnp.full((B,), cache, jnp.int32)
+    q = jax.random.normal(jax.random.PRNGKey(5), (B * S, H, D), jnp.bfloat16)
+    sel = selection(cache, topk)  # [B, nqb, topk]
+    ids = np.repeat(sel, BLK, axis=1).reshape(B * S, topk)  # each token: its query block's selection
+    ids = jnp.asarray(np.broadcast_to(ids[None], (HKV, B * S, topk)), jnp.int32)
+    f = jax.jit(lambda q, kv, ids, offs=offs, cl=cl, lut=lut: msa_ops.msa_attention_ragged_paged(
+        q, offs, None, kv, cl, lut, 0, ids, implementation="native"))
+    return f, (q, kv, ids), 4 * D * H * visited_keys(cache, sel)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
@@ -177,8 +199,6 @@ def main():
     import jax.numpy as jnp
     from harness import bench, write_results
 
-    import msa_ops
-
     # cuDNN dense causal, S=8192, no cache; timed again in every round.
     kq = jax.random.normal(jax.random.PRNGKey(1), (B, S, H, D), jnp.bfloat16)
     kk = jax.random.normal(jax.random.PRNGKey(2), (B, S, HKV, D), jnp.bfloat16)
@@ -192,19 +212,7 @@ def main():
     rows = []
     rng = np.random.default_rng(0)
     for cache, topk in CONFIGS:
-        mp = (cache + S) // BLK
-        nb = B * mp
-        kv = jax.random.normal(jax.random.PRNGKey(cache + topk), (nb, 2, 1, BLK, HKV, D), jnp.bfloat16)
-        lut = jnp.asarray(rng.permutation(nb).reshape(B, mp), jnp.int32)
-        offs = jnp.asarray(np.arange(B + 1) * S, jnp.int32)
-        cl = jnp.full((B,), cache, jnp.int32)
-        q = jax.random.normal(jax.random.PRNGKey(5), (B * S, H, D), jnp.bfloat16)
-        sel = selection(cache, topk)  # [B, nqb, topk]
-        ids = np.repeat(sel, BLK, axis=1).reshape(B * S, topk)  # each token: its query block's selection
-        ids = jnp.asarray(np.broadcast_to(ids[None], (HKV, B * S, topk)), jnp.int32)
-        flops = 4 * D * H * visited_keys(cache, sel)
-        f = jax.jit(lambda q, kv, ids, offs=offs, cl=cl, lut=lut: msa_ops.msa_attention_ragged_paged(
-            q, offs, None, kv, cl, lut, 0, ids, implementation="native"))
+        f, (q, kv, ids), flops = ours_case(cache, topk, rng)
         os.environ["MSA_OPS_CUDA_WGMMA"] = "1"
         t_first = bench(f, (q, kv, ids))
         if a.ab_env:
