@@ -162,6 +162,18 @@ class FlexPeer:
             self.p.kill()
 
 
+def cudnn_case():
+    """cuDNN's dense causal call, the issue's peer figure: (jitted fn, (q, k, v), FLOPs)."""
+    import jax
+    import jax.numpy as jnp
+
+    q = jax.random.normal(jax.random.PRNGKey(1), (B, S, H, D), jnp.bfloat16)
+    k = jax.random.normal(jax.random.PRNGKey(2), (B, S, HKV, D), jnp.bfloat16)
+    v = jax.random.normal(jax.random.PRNGKey(3), (B, S, HKV, D), jnp.bfloat16)
+    cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"))
+    return cud, (q, k, v), 4 * B * S * S * H * D / 2
+
+
 def ours_case(cache: int, topk: int, rng):
     """Our call at one config: (jitted fn, (q, kv, ids), FLOPs over the visited keys). rng draws the page order."""
     import jax
@@ -200,15 +212,10 @@ def main():
     flex = None if a.quick else FlexPeer()  # before JAX takes the GPU
 
     import jax
-    import jax.numpy as jnp
-    from harness import bench, write_results
+    from harness import bench, bench_rounds, write_results
 
     # cuDNN dense causal, S=8192, no cache; timed again in every round.
-    kq = jax.random.normal(jax.random.PRNGKey(1), (B, S, H, D), jnp.bfloat16)
-    kk = jax.random.normal(jax.random.PRNGKey(2), (B, S, HKV, D), jnp.bfloat16)
-    kvv = jax.random.normal(jax.random.PRNGKey(3), (B, S, HKV, D), jnp.bfloat16)
-    cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"))
-    cud_flops = 4 * B * S * S * H * D / 2
+    cud, (kq, kk, kvv), cud_flops = cudnn_case()
     t_cud = bench(cud, (kq, kk, kvv))
     print(f"cuDNN dense causal S={S}: {t_cud * 1e3:.3f} ms, {cud_flops / t_cud / 1e12:.0f} TFLOP/s (first timing)",
           flush=True)
@@ -244,12 +251,7 @@ def main():
         timers = {"ours": lambda a_=(f, (q, kv, ids)): bench(*a_), "cudnn": lambda: bench(cud, (kq, kk, kvv))}
         if flex is not None and flex.ok:
             timers["flex"] = lambda c=cache, k=topk: flex.time(c, k)
-        names = list(timers)
-        got = {n: [] for n in names}
-        for r in range(a.rounds):
-            for i in range(len(names)):
-                n = names[(r + i) % len(names)]
-                got[n].append(timers[n]())
+        got = bench_rounds(timers, a.rounds)
         if "flex" in got and any(x is None for x in got["flex"]):
             del got["flex"]
         t_tok = float("nan")

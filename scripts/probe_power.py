@@ -32,7 +32,6 @@ def main():
     flex = P.FlexPeer()  # before JAX takes the GPU
 
     import jax
-    import jax.numpy as jnp
 
     log = tempfile.NamedTemporaryFile(mode="w+", suffix=".csv", delete=False)
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw",
@@ -69,11 +68,8 @@ def main():
                 return float(np.mean(ts))
             phase(f"flex {cache}/{topk}", flex_run, flops)
         del f, args
-    kq = jax.random.normal(jax.random.PRNGKey(1), (P.B, P.S, P.H, P.D), jnp.bfloat16)
-    kk = jax.random.normal(jax.random.PRNGKey(2), (P.B, P.S, P.HKV, P.D), jnp.bfloat16)
-    kvv = jax.random.normal(jax.random.PRNGKey(3), (P.B, P.S, P.HKV, P.D), jnp.bfloat16)
-    cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"))
-    phase("cuDNN dense causal", lambda: burn(cud, (kq, kk, kvv)), 4 * P.B * P.S * P.S * P.H * P.D / 2)
+    cud, cud_args, cud_flops = P.cudnn_case()
+    phase("cuDNN dense causal", lambda: burn(cud, cud_args), cud_flops)
     time.sleep(0.5)
     smi.terminate()
     smi.wait()
