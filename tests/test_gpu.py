@@ -686,6 +686,55 @@ print("CHECKSUM", float(np.float64(outs[0]).sum()), float(np.abs(np.float64(outs
     assert pick and pick == [ln for ln in graph.stdout.splitlines() if ln.startswith("CHECKSUM")]
 
 
+def test_cuda_graph_msa_chain_same_results():
+    """MSA decode calls that each read the previous one's output (and the first the cache a store just wrote),
+    jitted: with programmatic dependent launch off, on, and on inside a captured CUDA graph, the same output every
+    time. With it the MSA decode kernel may start before the kernel ahead of it ends, so a read before that
+    kernel's writes are visible would show here as a difference. bf16 runs the one-partition kernel, fp8 at topk
+    64 the two-partition cluster."""
+    import os
+    import subprocess
+    import sys
+
+    code = r'''
+import jax, jax.numpy as jnp, numpy as np, msa_ops
+rng = np.random.default_rng(0)
+b, h, hkv, d, mp = 32, 32, 4, 128, 64
+for dt, topk, np_ in ((jnp.bfloat16, 16, 1), (jnp.float8_e4m3fn, 64, 2)):
+    kv = jnp.asarray(rng.standard_normal((b * mp, 2, 1, 128, hkv, d)) * 0.5, dt)
+    lut = jnp.asarray(rng.permutation(b * mp).reshape(b, mp), jnp.int32)
+    cl = jnp.asarray(rng.integers(2000, 128 * mp - 1, b), jnp.int32)
+    offs = jnp.arange(b + 1, dtype=jnp.int32)
+    q = jnp.asarray(rng.standard_normal((b, h, d)), dt)
+    k = jnp.asarray(rng.standard_normal((b, hkv, d)) * 4.0, dt)
+    ids = np.stack([rng.permutation(topk) for _ in range(hkv * b)]).reshape(hkv, b, topk)
+    ids[:, :, 0] = -1
+    ids[:, :, 1] = np.asarray(cl) // 128  # the block the store writes into
+    ids = jnp.asarray(ids, jnp.int32)
+    @jax.jit
+    def step(kv, q, k):
+        kv = msa_ops.kv_cache_store_ragged_paged(kv, k, k, offs, cl, lut, 0, implementation="native")
+        o = q
+        for _ in range(3):
+            o = msa_ops.msa_attention_ragged_paged((o.astype(jnp.float32) * 4).astype(dt), offs, None, kv, cl, lut,
+                                                   0, ids, num_partitions=np_, implementation="native")
+        return kv, o
+    outs = [np.asarray(step(kv, q, k)[1], np.float32) for _ in range(3)]
+    print("MAXDIFF", max(float(np.abs(o - outs[0]).max()) for o in outs))
+    print("CHECKSUM", float(np.float64(outs[0]).sum()), float(np.abs(np.float64(outs[0])).sum()))
+'''
+    graph_flags = " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+    runs = {}
+    for name, pdl, flags in (("base", "0", ""), ("pdl", "1", ""), ("pdl_graph", "1", graph_flags)):
+        env = dict(os.environ, MSA_OPS_PDL=pdl)
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + flags).strip()
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        assert [ln for ln in r.stdout.splitlines() if ln.startswith("MAXDIFF")] == ["MAXDIFF 0.0"] * 2, (name, r.stdout)
+        runs[name] = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECKSUM")]
+    assert len(runs["base"]) == 2 and runs["pdl"] == runs["base"] and runs["pdl_graph"] == runs["base"], runs
+
+
 # ------------------------------------------------------------------------------------------ CUDA MSA
 
 def _msa_case(rng, scenario, group, topk, dtype, hkv=2):

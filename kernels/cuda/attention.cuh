@@ -659,15 +659,61 @@ inline cudaLaunchAttribute cluster_z_attr(int cz) {
   return at;
 }
 inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                                cudaLaunchAttribute* attr) {
+                                                cudaLaunchAttribute* attr, int num_attrs = 1) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = num_attrs;
   return cfg;
+}
+
+// Programmatic dependent launch (compute capability 9.0+). A kernel launched with pdl_attr() may start while the
+// kernel before it in the stream is still running, once every CTA of that one has called pdl_trigger() (or
+// exited); it must call pdl_wait(), which returns when that kernel has completed and its writes are visible,
+// before it reads any input. What this hides is the launch: the CTAs are resident and waiting when the previous
+// kernel ends. Both are no-ops for a kernel launched without the attribute, or whose predecessor never triggers.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Host: whether launches ask for it (compute capability 9.0+, MSA_OPS_PDL not 0; read once).
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("MSA_OPS_PDL");
+    if (env != nullptr && env[0] == '0') return false;
+    int dev = 0, major = 0;
+    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    cudaGetLastError();
+    return ok;
+  }();
+  return on;
+}
+inline cudaLaunchAttribute pdl_attr() {
+  cudaLaunchAttribute at{};
+  at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at.val.programmaticStreamSerializationAllowed = 1;
+  return at;
+}
+// Host: kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where pdl_enabled().
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  if (!pdl_enabled()) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    return;
+  }
+  cudaLaunchAttribute attr[1] = {pdl_attr()};
+  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, block, smem, stream, attr);
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 // Host: whether the split-K partitions of `kernel` (128 threads, `smem` bytes of dynamic shared memory) run as
@@ -702,15 +748,16 @@ bool cluster_merge_ok(void (*kernel)(KArgs...), int np, size_t smem) {
 }
 
 // Host: where cluster_merge_ok(kernel, np, smem) says so, launches kernel<<<grid, 128, smem, stream>>>(args...)
-// with its split-K partitions (grid z = np) as clusters of np, and returns true (the launch's error is left for
-// cudaGetLastError, as after any launch); else launches nothing and returns false.
+// with its split-K partitions (grid z = np) as clusters of np (and programmatic dependent launch when pdl), and
+// returns true (the launch's error is left for cudaGetLastError, as after any launch); else launches nothing and
+// returns false.
 template <typename... KArgs, typename... Args>
-bool launch_cluster_merge(void (*kernel)(KArgs...), int np, dim3 grid, size_t smem, cudaStream_t stream,
+bool launch_cluster_merge(void (*kernel)(KArgs...), int np, dim3 grid, size_t smem, cudaStream_t stream, bool pdl,
                           Args&&... args) {
   if (!cluster_merge_ok(kernel, np, smem)) return false;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  cudaLaunchAttribute attr[1] = {cluster_z_attr(np)};
-  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, dim3(128), smem, stream, attr);
+  cudaLaunchAttribute attr[2] = {cluster_z_attr(np), pdl_attr()};
+  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, dim3(128), smem, stream, attr, pdl ? 2 : 1);
   cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   return true;
 }

@@ -201,6 +201,10 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   int* sLut = reinterpret_cast<int*>(smem + S::kQBytes + S::kListBytes);
   unsigned char* ring = smem + S::kRingOff;
 
+  // Launched with programmatic dependent launch (launch_pdl): nothing is read before the previous kernel in the
+  // stream has completed, and the next one may launch its CTAs (which wait likewise) at once.
+  pdl_wait();
+  pdl_trigger();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int row_blocks = (a.group + 15) / 16;
   const int t = blockIdx.x / row_blocks;
@@ -762,11 +766,11 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     // Groups of at most 8 heads split in two: each token's partitions form a cluster and merge in the kernel.
     if (m.group <= 8)
       clustered = launch_cluster_merge(msa_attention_kernel<KV, true, true>, m.num_partitions, grid, S::kBytesTotal,
-                                       stream, m);
+                                       stream, pdl_enabled(), m);
     if (!clustered) {
       auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
-      kernel<<<grid, kThreads, S::kBytesTotal, stream>>>(m);
+      launch_pdl(kernel, grid, dim3(kThreads), S::kBytesTotal, stream, m);
     }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
