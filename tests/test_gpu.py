@@ -407,6 +407,71 @@ def test_cuda_no_cache_matches_oracle(mask, group):
     assert_close(got, want, budget_for(jnp.float16))
 
 
+def _rising_scores_case(rng, n, cache_len, hkv, group, levels, sink):
+    """Paged operands (page 128, one layer) whose scores, in log2 units, sit near levels[t] for every key of the
+    sequence's 128-key block t: a row's max rises by less and by more than the sm_90 kernels' lazy-rescale slack
+    (8) from block to block, and falls. q_i = 3 u + noise, k_j = c_t u + noise for one unit vector u."""
+    d = 128
+    batch = RaggedBatch(n, cache_len, sum(n) + 3)
+    cache = make_paged_cache(rng, [c + m for c, m in zip(cache_len, n)], page_size=128, max_pages=len(levels),
+                             n_kv_heads=hkv, head_dim=d, num_layers=1, dtype=jnp.bfloat16)
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)
+    per_level = 3.0 * d ** -0.5 * np.log2(np.e)  # log2-unit score per unit of c_t
+    kv = np.asarray(cache.kv_blocks, np.float32).copy()
+    for b, (c, m) in enumerate(zip(cache_len, n)):
+        for pos in range(c + m):
+            page = int(cache.lut[b, pos // 128])
+            kv[page, 0, 0, pos % 128] = levels[pos // 128] / per_level * u + 0.3 * rng.standard_normal((hkv, d))
+    q = (3.0 * u + 0.3 * rng.standard_normal((batch.T, hkv * group, d))).astype(np.float32)
+    sinks = rand(rng, (hkv * group,), jnp.bfloat16, 4.0) if sink else None
+    return batch, cache, jnp.asarray(q, jnp.bfloat16), jnp.asarray(kv, jnp.bfloat16), sinks
+
+
+def _assert_rows_close(got, want, budget):
+    """assert_close, and every (row, head) within 4x the budget of its own norm (a few bad rows could hide in the
+    whole tensor's relative error)."""
+    assert_close(got, want, budget)
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    err = np.linalg.norm(g - w, axis=-1) / np.maximum(np.linalg.norm(w, axis=-1), 1e-6)
+    assert err.max() <= 4 * budget, err.max()
+
+
+LEVELS = [0.0, 5.0, 3.0, 20.0, 26.0, 27.0, 50.0, 40.0, 58.0]  # a max that rises by 5, 17, 6, 1, 23, 18; falls
+
+
+@pytest.mark.parametrize("slack", ["", "0", "3"])  # MSA_OPS_LAZY_RESCALE: unset (8), 0 (every rise), 3
+@pytest.mark.parametrize("kernel", ["wgmma_ws", "wgmma"])
+def test_cuda_sm90_lazy_rescale_rising_scores(kernel, slack, monkeypatch):
+    """The sm_90 kernels move a row's running max only when a key block raises it by more than a slack (8, or
+    MSA_OPS_LAZY_RESCALE), so their exponentials run up to 2^slack: scores whose max rises block after block by
+    less and by more than that, against the float64 oracle, for the dense 128-row tile (with and without sinks;
+    causal and no mask) and the MSA prefill kernel on the same keys."""
+    use_128_row_kernel(monkeypatch, kernel)
+    monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", "1" if kernel == "wgmma_ws" else "0")
+    if slack:
+        monkeypatch.setenv("MSA_OPS_LAZY_RESCALE", slack)
+    else:
+        monkeypatch.delenv("MSA_OPS_LAZY_RESCALE", raising=False)
+    rng = np.random.default_rng(77)
+    n, cache_len, hkv, group = [300, 70], [760, 40], 2, 8
+    for sink, mask in ((True, "causal"), (False, "null")):
+        batch, cache, q, kv, sinks = _rising_scores_case(rng, n, cache_len, hkv, group, LEVELS, sink)
+        args = (q, batch.offsets, kv, batch.cache_lengths, cache.lut, 0)
+        got = jax.jit(lambda *a, m=mask, sk=sinks: msa_ops.mha_ragged_paged(
+            *a, mask_str=m, sink_weights=sk, implementation="native", max_prompt_length=1024))(*args)
+        _assert_rows_close(got, oracle.mha_ragged_paged(*args, mask_str=mask, sink_weights=sinks),
+                           budget_for(jnp.bfloat16))
+    # MSA prefill over the same kind of keys: every token selects all of its sequence's blocks, in shuffled slots
+    batch, cache, q, kv, _ = _rising_scores_case(rng, n, cache_len, hkv, group, LEVELS, False)
+    ids = np.stack([np.stack([rng.permutation(len(LEVELS)) for _ in range(batch.T)]) for _ in range(hkv)])
+    args = (q, batch.offsets, None, kv, batch.cache_lengths, cache.lut, 0, jnp.asarray(ids, jnp.int32))
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
+    got = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"),
+                  static_argnums=2)(*args)
+    _assert_rows_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
+
+
 @pytest.mark.parametrize("kernel", KERNELS_128)
 @pytest.mark.parametrize("mask", ["causal", "null", "sliding_window_causal"])
 @pytest.mark.parametrize("dtype,d", [(jnp.bfloat16, 128), (jnp.float16, 64)])

@@ -54,12 +54,23 @@ struct AttentionArgs {
   int mask;
   int window;
   float scale_log2;  // scale * log2(e)
+  float rescale_slack_log2;  // the sm_90 kernels' lazy rescale (wg_softmax_finish): rescale_slack_log2()
   const void* sink;  // [H] or null
   int num_partitions;
   int split_block_n;
   float* ws_o;    // [NP, rows, H, D]
   float* ws_lse;  // [NP, rows, H]
 };
+
+// Host: how far (log2 units) a row's max may rise above the running max before the sm_90 wgmma kernels move it and
+// rescale O (wg_softmax_finish): 8 (the exponentials stay below 2^8), or MSA_OPS_LAZY_RESCALE (read at each
+// launch; 0 moves it at every rise, as the other kernels do).
+inline float rescale_slack_log2() {
+  const char* env = std::getenv("MSA_OPS_LAZY_RESCALE");
+  if (env == nullptr || env[0] == 0) return 8.f;
+  const float v = std::strtof(env, nullptr);
+  return v >= 0.f && v <= 16.f ? v : 8.f;
+}
 
 // ------------------------------------------------------------------------------------------------ helpers
 

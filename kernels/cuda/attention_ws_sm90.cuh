@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(384, 1)
             }
           }
         }
-        wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
+        wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2, a.rescale_slack_log2);
       };
       if (n > 0) {
         wait_k(g);

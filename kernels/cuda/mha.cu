@@ -187,6 +187,7 @@ void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, i
   a.mask = static_cast<int>(mask);
   a.window = static_cast<int>(iclamp(window, -1, int64_t{1} << 30));
   a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  a.rescale_slack_log2 = rescale_slack_log2();
   a.num_partitions = static_cast<int>(iclamp(num_partitions, 1, kMaxPartitions));
   a.split_block_n = static_cast<int>(iclamp(block_n, 1, 1 << 20));
   a.sink = nullptr;

@@ -706,6 +706,7 @@ AttentionArgs as_attention(const MsaArgs& m) {
   a.max_pages = m.max_pages;
   a.page_shift = 7;
   a.scale_log2 = m.scale_log2;
+  a.rescale_slack_log2 = rescale_slack_log2();
   a.num_partitions = m.num_partitions;
   a.ws_o = m.ws_o;
   a.ws_lse = m.ws_lse;

@@ -61,7 +61,7 @@ struct MsaPrefillSm90 {
 template <int NS>
 __device__ __forceinline__ void msa_block_softmax(float* s, const uint32_t* words, int key0, const int* tok_rel,
                                                   const int* row_hi, float* m_run, float* l_run, float* corr,
-                                                  float sl2, int lane) {
+                                                  float sl2, float slack, int lane) {
   bool sel[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) sel[i] = (words[tok_rel[i] / 32] >> (tok_rel[i] % 32)) & 1u;
@@ -83,7 +83,7 @@ __device__ __forceinline__ void msa_block_softmax(float* s, const uint32_t* word
       }
     }
   }
-  wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2);
+  wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2, slack);
 }
 #endif
 
@@ -245,7 +245,8 @@ __global__ void __launch_bounds__(256, 1)
   auto issue_qk = [&](int g) { wg_qk<T, BM, BN, D, false>(s, q_wg, sK0 + (g & 1) * C::kTileBytes); };
   auto issue_pv = [&](int g) { wg_pv<T, BN, D, false>(o, pf, sV0 + (g & 1) * C::kTileBytes); };
   auto softmax = [&](int j) {  // union block j
-    msa_block_softmax<NS>(s, sMask + j * C::kMaskWords, sIds[j] * BN, tok_rel, row_hi, m_run, l_run, corr, sl2, lane);
+    msa_block_softmax<NS>(s, sMask + j * C::kMaskWords, sIds[j] * BN, tok_rel, row_hi, m_run, l_run, corr, sl2,
+                          a.rescale_slack_log2, lane);
   };
   auto rescale_and_pack = [&]() { wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr); };
 

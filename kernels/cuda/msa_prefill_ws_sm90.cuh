@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(384, 1)
         };
         auto softmax = [&](int j) {
           msa_block_softmax<NS>(s, mask + j * C::kMaskWords, ids[j] * BN, tok_rel, row_hi, m_run, l_run, corr, sl2,
-                                lane);
+                                a.rescale_slack_log2, lane);
         };
         if (n > 0) {
           wait_k(g);
