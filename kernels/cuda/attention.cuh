@@ -64,12 +64,13 @@ struct AttentionArgs {
 
 // Host: how far (log2 units) a row's max may rise above the running max before the sm_90 wgmma kernels move it and
 // rescale O (wg_softmax_finish): 8 (the exponentials stay below 2^8), or MSA_OPS_LAZY_RESCALE (read at each
-// launch; 0 moves it at every rise, as the other kernels do).
+// launch; 0 moves it at every rise, as the other kernels do). At most 15, so that an f16 P (up to 2^15) stays
+// finite; other values read as 8.
 inline float rescale_slack_log2() {
   const char* env = std::getenv("MSA_OPS_LAZY_RESCALE");
   if (env == nullptr || env[0] == 0) return 8.f;
   const float v = std::strtof(env, nullptr);
-  return v >= 0.f && v <= 16.f ? v : 8.f;
+  return v >= 0.f && v <= 15.f ? v : 8.f;
 }
 
 // ------------------------------------------------------------------------------------------------ helpers
