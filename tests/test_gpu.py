@@ -437,39 +437,40 @@ def _assert_rows_close(got, want, budget):
     assert err.max() <= 4 * budget, err.max()
 
 
-LEVELS = [0.0, 5.0, 3.0, 20.0, 26.0, 27.0, 50.0, 40.0, 58.0]  # a max that rises by 5, 17, 6, 1, 23, 18; falls
+LEVELS = [0.0, 5.0, 3.0, 20.0, 26.0, 27.0, 50.0, 40.0, 62.0]  # the max rises by 5, 15, 6, 1, 23, 12; two falls
 
 
-@pytest.mark.parametrize("slack", ["", "0", "3"])  # MSA_OPS_LAZY_RESCALE: unset (8), 0 (every rise), 3
 @pytest.mark.parametrize("kernel", ["wgmma_ws", "wgmma"])
-def test_cuda_sm90_lazy_rescale_rising_scores(kernel, slack, monkeypatch):
+def test_cuda_sm90_lazy_rescale_rising_scores(kernel, monkeypatch):
     """The sm_90 kernels move a row's running max only when a key block raises it by more than a slack (8, or
     MSA_OPS_LAZY_RESCALE), so their exponentials run up to 2^slack: scores whose max rises block after block by
     less and by more than that, against the float64 oracle, for the dense 128-row tile (with and without sinks;
-    causal and no mask) and the MSA prefill kernel on the same keys."""
+    causal and no mask) and the MSA prefill kernel on the same keys, with the slack unset (8), 0 and 3. The
+    default and 0 must differ (in rounding), or the setting did not reach the kernel."""
     use_128_row_kernel(monkeypatch, kernel)
     monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", "1" if kernel == "wgmma_ws" else "0")
-    if slack:
-        monkeypatch.setenv("MSA_OPS_LAZY_RESCALE", slack)
-    else:
-        monkeypatch.delenv("MSA_OPS_LAZY_RESCALE", raising=False)
     rng = np.random.default_rng(77)
     n, cache_len, hkv, group = [300, 70], [760, 40], 2, 8
+    calls = []
     for sink, mask in ((True, "causal"), (False, "null")):
         batch, cache, q, kv, sinks = _rising_scores_case(rng, n, cache_len, hkv, group, LEVELS, sink)
         args = (q, batch.offsets, kv, batch.cache_lengths, cache.lut, 0)
-        got = jax.jit(lambda *a, m=mask, sk=sinks: msa_ops.mha_ragged_paged(
-            *a, mask_str=m, sink_weights=sk, implementation="native", max_prompt_length=1024))(*args)
-        _assert_rows_close(got, oracle.mha_ragged_paged(*args, mask_str=mask, sink_weights=sinks),
-                           budget_for(jnp.bfloat16))
+        f = jax.jit(lambda *a, m=mask, sk=sinks: msa_ops.mha_ragged_paged(
+            *a, mask_str=m, sink_weights=sk, implementation="native", max_prompt_length=1024))
+        calls.append((f, args, oracle.mha_ragged_paged(*args, mask_str=mask, sink_weights=sinks)))
     # MSA prefill over the same kind of keys: every token selects all of its sequence's blocks, in shuffled slots
     batch, cache, q, kv, _ = _rising_scores_case(rng, n, cache_len, hkv, group, LEVELS, False)
     ids = np.stack([np.stack([rng.permutation(len(LEVELS)) for _ in range(batch.T)]) for _ in range(hkv)])
     args = (q, batch.offsets, None, kv, batch.cache_lengths, cache.lut, 0, jnp.asarray(ids, jnp.int32))
-    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
-    got = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"),
-                  static_argnums=2)(*args)
-    _assert_rows_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
+    f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
+    calls.append((f, args, oracle.msa_attention_ragged_paged(*args)))
+    for f, args, want in calls:
+        got = {}
+        for slack in ("", "0", "3"):  # read at each launch (one op per jitted call: no command buffer)
+            monkeypatch.setenv("MSA_OPS_LAZY_RESCALE", slack)
+            got[slack] = np.asarray(f(*args), np.float32)
+            _assert_rows_close(got[slack], want, budget_for(jnp.bfloat16))
+        assert not np.array_equal(got[""], got["0"])
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
@@ -755,8 +756,9 @@ def test_cuda_graph_msa_chain_same_results():
     """MSA decode calls that each read the previous one's output (and the first the cache a store just wrote),
     jitted: with programmatic dependent launch off, on, and on inside a captured CUDA graph, the same output every
     time. With it the MSA decode kernel may start before the kernel ahead of it ends, so a read before that
-    kernel's writes are visible would show here as a difference. bf16 runs the one-partition kernel, fp8 at topk
-    64 the two-partition cluster."""
+    kernel's writes are visible would show here as a difference. bf16 runs the one-partition kernel, its calls
+    back to back (the output is the next q as it is); fp8 at topk 64 the two-partition cluster, with a conversion
+    kernel between the calls."""
     import os
     import subprocess
     import sys
@@ -780,9 +782,10 @@ for dt, topk, np_ in ((jnp.bfloat16, 16, 1), (jnp.float8_e4m3fn, 64, 2)):
     def step(kv, q, k):
         kv = msa_ops.kv_cache_store_ragged_paged(kv, k, k, offs, cl, lut, 0, implementation="native")
         o = q
-        for _ in range(3):
-            o = msa_ops.msa_attention_ragged_paged((o.astype(jnp.float32) * 4).astype(dt), offs, None, kv, cl, lut,
-                                                   0, ids, num_partitions=np_, implementation="native")
+        for _ in range(3):  # bf16: each call's output is the next one's q, so the MSA kernels run back to back
+            qi = o if dt == jnp.bfloat16 else (o.astype(jnp.float32) * 4).astype(dt)
+            o = msa_ops.msa_attention_ragged_paged(qi, offs, None, kv, cl, lut, 0, ids, num_partitions=np_,
+                                                   implementation="native")
         return kv, o
     outs = [np.asarray(step(kv, q, k)[1], np.float32) for _ in range(3)]
     print("MAXDIFF", max(float(np.abs(o - outs[0]).max()) for o in outs))

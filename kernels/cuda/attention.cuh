@@ -16,6 +16,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "msa_ops/common.h"
@@ -65,12 +68,13 @@ struct AttentionArgs {
 // Host: how far (log2 units) a row's max may rise above the running max before the sm_90 wgmma kernels move it and
 // rescale O (wg_softmax_finish): 8 (the exponentials stay below 2^8), or MSA_OPS_LAZY_RESCALE (read at each
 // launch; 0 moves it at every rise, as the other kernels do). At most 15, so that an f16 P (up to 2^15) stays
-// finite; other values read as 8.
+// finite; anything else (not a number, out of range) reads as 8.
 inline float rescale_slack_log2() {
   const char* env = std::getenv("MSA_OPS_LAZY_RESCALE");
   if (env == nullptr || env[0] == 0) return 8.f;
-  const float v = std::strtof(env, nullptr);
-  return v >= 0.f && v <= 15.f ? v : 8.f;
+  char* end = nullptr;
+  const float v = std::strtof(env, &end);
+  return end != env && *end == 0 && v >= 0.f && v <= 15.f ? v : 8.f;
 }
 
 // ------------------------------------------------------------------------------------------------ helpers
@@ -697,18 +701,36 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Host: whether launches ask for it (compute capability 9.0+, MSA_OPS_PDL not 0; read once).
-inline bool pdl_enabled() {
-  static const bool on = [] {
+// Host: whether a launch of `kernel` asks for it: MSA_OPS_PDL is not 0 / off / false / no (read once), the current
+// device has compute capability 9.0+, and the kernel's code was compiled for 9.0+ (a build for older targets that
+// the driver compiles for this GPU lacks the griddepcontrol instructions: launched so, it would not wait). Kept
+// per (device, kernel).
+inline bool pdl_enabled(const void* kernel) {
+  static const bool allowed = [] {
     const char* env = std::getenv("MSA_OPS_PDL");
-    if (env != nullptr && env[0] == '0') return false;
-    int dev = 0, major = 0;
-    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-    cudaGetLastError();
-    return ok;
+    if (env == nullptr) return true;
+    for (const char* off : {"0", "off", "false", "no"})
+      if (std::strcmp(env, off) == 0) return false;
+    return true;
   }();
-  return on;
+  if (!allowed) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, kernel);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  int major = 0;
+  cudaFuncAttributes fa{};
+  bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
+            cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+  if (!ok) cudaGetLastError();  // a failed query leaves no sticky error behind
+  known[key] = ok;
+  return ok;
 }
 inline cudaLaunchAttribute pdl_attr() {
   cudaLaunchAttribute at{};
@@ -719,7 +741,7 @@ inline cudaLaunchAttribute pdl_attr() {
 // Host: kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where pdl_enabled().
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  if (!pdl_enabled()) {
+  if (!pdl_enabled(reinterpret_cast<const void*>(kernel))) {
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
     return;
   }
