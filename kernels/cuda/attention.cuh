@@ -782,14 +782,15 @@ bool cluster_merge_ok(void (*kernel)(KArgs...), int np, size_t smem) {
 }
 
 // Host: where cluster_merge_ok(kernel, np, smem) says so, launches kernel<<<grid, 128, smem, stream>>>(args...)
-// with its split-K partitions (grid z = np) as clusters of np (and programmatic dependent launch when pdl), and
-// returns true (the launch's error is left for cudaGetLastError, as after any launch); else launches nothing and
-// returns false.
+// with its split-K partitions (grid z = np) as clusters of np, and returns true (the launch's error is left for
+// cudaGetLastError, as after any launch); else launches nothing and returns false. waits: the kernel calls
+// pdl_wait() before it reads anything, so it may take programmatic dependent launch (where pdl_enabled()).
 template <typename... KArgs, typename... Args>
-bool launch_cluster_merge(void (*kernel)(KArgs...), int np, dim3 grid, size_t smem, cudaStream_t stream, bool pdl,
+bool launch_cluster_merge(void (*kernel)(KArgs...), int np, dim3 grid, size_t smem, cudaStream_t stream, bool waits,
                           Args&&... args) {
   if (!cluster_merge_ok(kernel, np, smem)) return false;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const bool pdl = waits && pdl_enabled(reinterpret_cast<const void*>(kernel));
   cudaLaunchAttribute attr[2] = {cluster_z_attr(np), pdl_attr()};
   const cudaLaunchConfig_t cfg = cluster_launch_config(grid, dim3(128), smem, stream, attr, pdl ? 2 : 1);
   cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);

@@ -118,7 +118,7 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       if (a.kv_mode == kKvPaged && a.page_size < Cfg::kBlockN) {
         kernel = attention_kernel<T, D, BM, STAGES, false, true>;
         clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true, true>, a.num_partitions, g,
-                                         Cfg::kSmemBytes, stream, false, a);
+                                         Cfg::kSmemBytes, stream, /*waits=*/false, a);
       }
     }
     if (!clustered) {

@@ -766,9 +766,8 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     const dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
     // Groups of at most 8 heads split in two: each token's partitions form a cluster and merge in the kernel.
     if (m.group <= 8)
-      clustered = launch_cluster_merge(
-          msa_attention_kernel<KV, true, true>, m.num_partitions, grid, S::kBytesTotal, stream,
-          pdl_enabled(reinterpret_cast<const void*>(msa_attention_kernel<KV, true, true>)), m);
+      clustered = launch_cluster_merge(msa_attention_kernel<KV, true, true>, m.num_partitions, grid, S::kBytesTotal,
+                                       stream, /*waits=*/true, m);
     if (!clustered) {
       auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
