@@ -16,7 +16,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import bench, bench_in_graph, bench_rounds, graph_timer, write_results
+from harness import bench, bench_in_graph, bench_rounds, graph_timer, round_ratios, write_results
 
 import msa_ops
 
@@ -93,9 +93,7 @@ def run_decode(rows, results, rng):
             got = bench_rounds(timers, ROUNDS)
             for name in ("ours", "cudnn"):
                 r[name + "_gbs"] = byts / float(np.median(got[name])) / 1e9
-            rel = np.array(got["cudnn"]) / np.array(got["ours"])
-            r["ours_vs_cudnn"] = float(np.median(rel))
-            r["ours_vs_cudnn_range"] = [float(rel.min()), float(rel.max())]
+            r["ours_vs_cudnn"], r["ours_vs_cudnn_range"] = round_ratios(got["cudnn"], got["ours"])
             del timers
             for name, fn, args in (("ours_alt", ours_alt, (qr, kv, lut)), ("xla", xla, (q, k, v))):
                 if name == "xla" and page != 128:
@@ -155,9 +153,7 @@ def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, 
                                 "cudnn": lambda f=cud, x=(q, k, v): bench(f, x)}, ROUNDS)
             for name, ts in got.items():
                 r[name + "_tflops"] = flops / float(np.median(ts)) / 1e12
-            rel = np.array(got["cudnn"]) / np.array(got["ours_contig"])
-            r["ours_vs_cudnn"] = float(np.median(rel))
-            r["ours_vs_cudnn_range"] = [float(rel.min()), float(rel.max())]
+            r["ours_vs_cudnn"], r["ours_vs_cudnn_range"] = round_ratios(got["cudnn"], got["ours_contig"])
             timed = [("ours_paged64", ours_p64, (q, kv, lut))] if full else []
             timed += [("xla", xla, (q, k, v))] if full else []
             for name, fn, args in timed:

@@ -212,7 +212,7 @@ def main():
     flex = None if a.quick else FlexPeer()  # before JAX takes the GPU
 
     import jax
-    from harness import bench, bench_rounds, write_results
+    from harness import bench, bench_rounds, round_ratios, write_results
 
     # cuDNN dense causal, S=8192, no cache; timed again in every round.
     cud, (kq, kk, kvv), cud_flops = cudnn_case()
@@ -265,13 +265,13 @@ def main():
              "ours_ms_rounds": [x * 1e3 for x in got["ours"]], "ours_tflops": flops / t / 1e12,
              "per_token_tflops": flops / t_tok / 1e12,
              "cudnn_dense_causal_tflops": cud_flops / float(np.median(tc)) / 1e12,
-             "ours_vs_cudnn": float(np.median((flops / to) / (cud_flops / tc)))}
+             "ours_vs_cudnn": round_ratios(tc, to, flops / cud_flops)[0]}
         if "flex" in got:
             tf = np.array(got["flex"])
-            rat = tf / to
+            vs_flex, vs_flex_range = round_ratios(tf, to)
             r.update({"flex_ms": float(np.median(tf)) * 1e3, "flex_ms_rounds": [x * 1e3 for x in got["flex"]],
-                      "flex_tflops": flops / float(np.median(tf)) / 1e12, "ours_vs_flex": float(np.median(rat)),
-                      "ours_vs_flex_range": [float(rat.min()), float(rat.max())]})
+                      "flex_tflops": flops / float(np.median(tf)) / 1e12, "ours_vs_flex": vs_flex,
+                      "ours_vs_flex_range": vs_flex_range})
         rows.append(r)
         print(json.dumps(r), flush=True)
         del kv, timers

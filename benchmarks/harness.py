@@ -65,6 +65,12 @@ def bench_rounds(timers: dict, rounds: int) -> dict:
     return got
 
 
+def round_ratios(num, den, scale: float = 1.0) -> tuple[float, list[float]]:
+    """The median of the rounds' ratios scale * num[i] / den[i] (two `bench_rounds` series) and their [min, max]."""
+    rel = scale * np.asarray(num, np.float64) / np.asarray(den, np.float64)
+    return float(np.median(rel)), [float(rel.min()), float(rel.max())]
+
+
 def write_results(out_dir: str, name: str, rows: list, text: str) -> None:
     """Print the markdown table and write `<name>.json` (rows) and `<name>.md` (text) into `out_dir`."""
     print(text)
