@@ -407,7 +407,7 @@ def test_cuda_no_cache_matches_oracle(mask, group):
     assert_close(got, want, budget_for(jnp.float16))
 
 
-def _rising_scores_case(rng, n, cache_len, hkv, group, levels, sink):
+def _rising_scores_case(rng, n, cache_len, hkv, group, levels, sink, dtype=jnp.bfloat16):
     """Paged operands (page 128, one layer) whose scores, in log2 units, sit near levels[t] for every key of the
     sequence's 128-key block t: a row's max rises by less and by more than the sm_90 kernels' lazy-rescale slack
     (8) from block to block, and falls. q_i = 3 u + noise, k_j = c_t u + noise for one unit vector u."""
@@ -424,8 +424,8 @@ def _rising_scores_case(rng, n, cache_len, hkv, group, levels, sink):
             page = int(cache.lut[b, pos // 128])
             kv[page, 0, 0, pos % 128] = levels[pos // 128] / per_level * u + 0.3 * rng.standard_normal((hkv, d))
     q = (3.0 * u + 0.3 * rng.standard_normal((batch.T, hkv * group, d))).astype(np.float32)
-    sinks = rand(rng, (hkv * group,), jnp.bfloat16, 4.0) if sink else None
-    return batch, cache, jnp.asarray(q, jnp.bfloat16), jnp.asarray(kv, jnp.bfloat16), sinks
+    sinks = rand(rng, (hkv * group,), dtype, 4.0) if sink else None
+    return batch, cache, jnp.asarray(q, dtype), jnp.asarray(kv, dtype), sinks
 
 
 def _assert_rows_close(got, want, budget):
@@ -471,6 +471,36 @@ def test_cuda_sm90_lazy_rescale_rising_scores(kernel, monkeypatch):
             got[slack] = np.asarray(f(*args), np.float32)
             _assert_rows_close(got[slack], want, budget_for(jnp.bfloat16))
         assert not np.array_equal(got[""], got["0"])
+
+
+# Rises just under and just over 15, the largest slack MSA_OPS_LAZY_RESCALE takes; two falls.
+LEVELS_F16 = [0.0, 14.6, 29.2, 28.0, 42.6, 58.2, 44.0, 72.8]
+
+
+@pytest.mark.parametrize("kernel", ["wgmma_ws", "wgmma"])
+def test_cuda_sm90_lazy_rescale_f16_at_the_cap(kernel, monkeypatch):
+    """f16 is why the slack stops at 15: with the running max left up to 15 below the block's scores, P reaches
+    2^15 (f16 holds up to 65504) and l sums such values. Scores whose max rises block after block by just under 15
+    (P near 2^15 at slack 15) and by more, and falls, on the dense 128-row tile in f16 (sinks and causal; no
+    mask), with the slack at 15, 14, 0 and unset, against the float64 oracle row by row: no infinity or lost
+    precision anywhere. 15 and 0 must differ, or the setting did not reach the kernel."""
+    use_128_row_kernel(monkeypatch, kernel)
+    rng = np.random.default_rng(78)
+    n, cache_len, hkv, group = [260, 90], [700, 30], 2, 8
+    for sink, mask in ((True, "causal"), (False, "null")):
+        batch, cache, q, kv, sinks = _rising_scores_case(rng, n, cache_len, hkv, group, LEVELS_F16, sink,
+                                                         jnp.float16)
+        args = (q, batch.offsets, kv, batch.cache_lengths, cache.lut, 0)
+        f = jax.jit(lambda *a, m=mask, sk=sinks: msa_ops.mha_ragged_paged(
+            *a, mask_str=m, sink_weights=sk, implementation="native", max_prompt_length=1024))
+        want = oracle.mha_ragged_paged(*args, mask_str=mask, sink_weights=sinks)
+        got = {}
+        for slack in ("15", "14", "0", ""):
+            monkeypatch.setenv("MSA_OPS_LAZY_RESCALE", slack)
+            got[slack] = np.asarray(f(*args), np.float32)
+            assert np.isfinite(got[slack]).all(), slack
+            _assert_rows_close(got[slack], want, budget_for(jnp.float16))
+        assert not np.array_equal(got["15"], got["0"])
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
