@@ -359,6 +359,37 @@ __device__ __forceinline__ void wg_softmax_finish(float* s, float* m_new, float*
   }
 }
 
+// The dense kernels' online softmax of a 128-key tile whose first key is tile_key0 (log2 units; the exponentials
+// stay in s). A key counts for row i when it lies in [row_lo[i], row_hi[i]) and its bit of `present` (the tile's
+// keys that the page table maps) is set. A tile every key of which both rows see (all present, inside
+// [full_lo, full_hi)) skips the per-key tests and scales its scores inside the exponential instead.
+template <int NS>
+__device__ __forceinline__ void wg_dense_softmax(float* s, const uint32_t* present, int tile_key0, int full_lo,
+                                                 int full_hi, const int* row_lo, const int* row_hi, float* m_run,
+                                                 float* l_run, float* corr, float sl2, float slack, int lane) {
+  static_assert(NS * 8 == 128, "128-key tiles: four 32-bit words of present keys");
+  const bool all = (present[0] & present[1] & present[2] & present[3]) == 0xffffffffu;
+  const bool full = sl2 > 0.f && all && tile_key0 >= full_lo && tile_key0 + 128 <= full_hi;
+  float m_new[2] = {m_run[0], m_run[1]};
+  if (full) {
+    wg_raw_max<NS>(s, m_new, sl2);
+  } else {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const int kl = j * 8 + (lane % 4) * 2 + (e % 2);
+        const int key = tile_key0 + kl;
+        const bool vis = key >= row_lo[i] && key < row_hi[i] && ((present[j / 4] >> (kl % 32)) & 1u);
+        s[j * 4 + e] = vis ? s[j * 4 + e] * sl2 : -INFINITY;
+        m_new[i] = fmaxf(m_new[i], s[j * 4 + e]);
+      }
+    }
+  }
+  wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2, slack);
+}
+
 // Rescales O by corr (only when some row of the warp raised its running max: a warp-uniform branch) and rounds
 // the exponentials in s to P, the A operand of wg_pv.
 template <typename T, int NS, int ND>
@@ -680,33 +711,14 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   };
   auto issue_qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, stage_k(it)); };
   auto issue_pv = [&](int it) { wg_pv<T, BN, D>(o, pf, stage_k(it) + Cfg::kKvTileBytes); };
-  // Online softmax of tile `it` in log2 units (attention_kernel's); the exponentials stay in s.
+  // Online softmax of tile `it` (wg_dense_softmax); the exponentials stay in s.
   auto softmax = [&](int it) {
     const uint32_t* vm = sMask + (it % STAGES) * 4;
     uint32_t present[BN / 32];
 #pragma unroll
     for (int w = 0; w < BN / 32; ++w) present[w] = vm[w];
-    const int tile_key0 = (tile_first + it) * BN;
-    const bool all = (present[0] & present[1] & present[2] & present[3]) == 0xffffffffu;
-    const bool full = sl2 > 0.f && all && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
-    float m_new[2] = {m_run[0], m_run[1]};
-    if (full) {
-      wg_raw_max<NS>(s, m_new, sl2);
-    } else {
-#pragma unroll
-      for (int j = 0; j < NS; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e / 2;
-          const int kl = j * 8 + (lane % 4) * 2 + (e % 2);
-          const int key = tile_key0 + kl;
-          const bool vis = key >= row_lo[i] && key < row_hi[i] && ((present[j / 4] >> (kl % 32)) & 1u);
-          s[j * 4 + e] = vis ? s[j * 4 + e] * sl2 : -INFINITY;
-          m_new[i] = fmaxf(m_new[i], s[j * 4 + e]);
-        }
-      }
-    }
-    wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2, a.rescale_slack_log2);
+    wg_dense_softmax<NS>(s, present, (tile_first + it) * BN, full_lo, full_hi, row_lo, row_hi, m_run, l_run, corr,
+                         sl2, a.rescale_slack_log2, lane);
   };
   auto rescale_and_pack = [&]() { wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr); };
 

@@ -350,29 +350,10 @@ __global__ void __launch_bounds__(384, 1)
           named_sync<2>(C::kConsumerThreads);
         }
       };
-      // attention_sm90_kernel's online softmax of tile j (log2 units); the exponentials stay in s.
+      // Online softmax of tile j (wg_dense_softmax); the exponentials stay in s.
       auto softmax = [&](int j) {
-        const int tile_key0 = (tile_first + j) * BN;
-        const bool all = (present[0] & present[1] & present[2] & present[3]) == 0xffffffffu;
-        const bool full = sl2 > 0.f && all && tile_key0 >= full_lo && tile_key0 + BN <= full_hi;
-        float m_new[2] = {m_run[0], m_run[1]};
-        if (full) {
-          wg_raw_max<NS>(s, m_new, sl2);
-        } else {
-#pragma unroll
-          for (int jj = 0; jj < NS; ++jj) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = e / 2;
-              const int kl = jj * 8 + (lane % 4) * 2 + (e % 2);
-              const int key = tile_key0 + kl;
-              const bool vis = key >= row_lo[i] && key < row_hi[i] && ((present[jj / 4] >> (kl % 32)) & 1u);
-              s[jj * 4 + e] = vis ? s[jj * 4 + e] * sl2 : -INFINITY;
-              m_new[i] = fmaxf(m_new[i], s[jj * 4 + e]);
-            }
-          }
-        }
-        wg_softmax_finish<NS>(s, m_new, m_run, l_run, corr, full, sl2, a.rescale_slack_log2);
+        wg_dense_softmax<NS>(s, present, (tile_first + j) * BN, full_lo, full_hi, row_lo, row_hi, m_run, l_run, corr,
+                             sl2, a.rescale_slack_log2, lane);
       };
       if (n > 0) {
         wait_k(g);
