@@ -437,6 +437,29 @@ def _assert_rows_close(got, want, budget):
     assert err.max() <= 4 * budget, err.max()
 
 
+def _rising_dense_call(rng, n, cache_len, hkv, group, levels, sink, mask, dtype=jnp.bfloat16):
+    """The dense paged call over _rising_scores_case's keys: (jitted call, its operands, the float64 oracle's
+    output)."""
+    batch, cache, q, kv, sinks = _rising_scores_case(rng, n, cache_len, hkv, group, levels, sink, dtype)
+    args = (q, batch.offsets, kv, batch.cache_lengths, cache.lut, 0)
+    f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(
+        *a, mask_str=mask, sink_weights=sinks, implementation="native", max_prompt_length=1024))
+    return f, args, oracle.mha_ragged_paged(*args, mask_str=mask, sink_weights=sinks)
+
+
+def _assert_slacks(monkeypatch, f, args, want, dtype, slacks, differ):
+    """f under each MSA_OPS_LAZY_RESCALE setting in `slacks` (read at each launch: one op per jitted call, so no
+    command buffer): finite, and within dtype's budget of the oracle row by row. The two settings in `differ` must
+    give different outputs (in rounding), or the setting did not reach the kernel."""
+    got = {}
+    for slack in slacks:
+        monkeypatch.setenv("MSA_OPS_LAZY_RESCALE", slack)
+        got[slack] = np.asarray(f(*args), np.float32)
+        assert np.isfinite(got[slack]).all(), slack
+        _assert_rows_close(got[slack], want, budget_for(dtype))
+    assert not np.array_equal(got[differ[0]], got[differ[1]])
+
+
 LEVELS = [0.0, 5.0, 3.0, 20.0, 26.0, 27.0, 50.0, 40.0, 62.0]  # the max rises by 5, 15, 6, 1, 23, 12; two falls
 
 
@@ -451,13 +474,8 @@ def test_cuda_sm90_lazy_rescale_rising_scores(kernel, monkeypatch):
     monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", "1" if kernel == "wgmma_ws" else "0")
     rng = np.random.default_rng(77)
     n, cache_len, hkv, group = [300, 70], [760, 40], 2, 8
-    calls = []
-    for sink, mask in ((True, "causal"), (False, "null")):
-        batch, cache, q, kv, sinks = _rising_scores_case(rng, n, cache_len, hkv, group, LEVELS, sink)
-        args = (q, batch.offsets, kv, batch.cache_lengths, cache.lut, 0)
-        f = jax.jit(lambda *a, m=mask, sk=sinks: msa_ops.mha_ragged_paged(
-            *a, mask_str=m, sink_weights=sk, implementation="native", max_prompt_length=1024))
-        calls.append((f, args, oracle.mha_ragged_paged(*args, mask_str=mask, sink_weights=sinks)))
+    calls = [_rising_dense_call(rng, n, cache_len, hkv, group, LEVELS, sink, mask)
+             for sink, mask in ((True, "causal"), (False, "null"))]
     # MSA prefill over the same kind of keys: every token selects all of its sequence's blocks, in shuffled slots
     batch, cache, q, kv, _ = _rising_scores_case(rng, n, cache_len, hkv, group, LEVELS, False)
     ids = np.stack([np.stack([rng.permutation(len(LEVELS)) for _ in range(batch.T)]) for _ in range(hkv)])
@@ -465,12 +483,7 @@ def test_cuda_sm90_lazy_rescale_rising_scores(kernel, monkeypatch):
     f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
     calls.append((f, args, oracle.msa_attention_ragged_paged(*args)))
     for f, args, want in calls:
-        got = {}
-        for slack in ("", "0", "3"):  # read at each launch (one op per jitted call: no command buffer)
-            monkeypatch.setenv("MSA_OPS_LAZY_RESCALE", slack)
-            got[slack] = np.asarray(f(*args), np.float32)
-            _assert_rows_close(got[slack], want, budget_for(jnp.bfloat16))
-        assert not np.array_equal(got[""], got["0"])
+        _assert_slacks(monkeypatch, f, args, want, jnp.bfloat16, ("", "0", "3"), ("", "0"))
 
 
 # Rises just under and just over 15, the largest slack MSA_OPS_LAZY_RESCALE takes; two falls.
@@ -488,19 +501,8 @@ def test_cuda_sm90_lazy_rescale_f16_at_the_cap(kernel, monkeypatch):
     rng = np.random.default_rng(78)
     n, cache_len, hkv, group = [260, 90], [700, 30], 2, 8
     for sink, mask in ((True, "causal"), (False, "null")):
-        batch, cache, q, kv, sinks = _rising_scores_case(rng, n, cache_len, hkv, group, LEVELS_F16, sink,
-                                                         jnp.float16)
-        args = (q, batch.offsets, kv, batch.cache_lengths, cache.lut, 0)
-        f = jax.jit(lambda *a, m=mask, sk=sinks: msa_ops.mha_ragged_paged(
-            *a, mask_str=m, sink_weights=sk, implementation="native", max_prompt_length=1024))
-        want = oracle.mha_ragged_paged(*args, mask_str=mask, sink_weights=sinks)
-        got = {}
-        for slack in ("15", "14", "0", ""):
-            monkeypatch.setenv("MSA_OPS_LAZY_RESCALE", slack)
-            got[slack] = np.asarray(f(*args), np.float32)
-            assert np.isfinite(got[slack]).all(), slack
-            _assert_rows_close(got[slack], want, budget_for(jnp.float16))
-        assert not np.array_equal(got["15"], got["0"])
+        f, args, want = _rising_dense_call(rng, n, cache_len, hkv, group, LEVELS_F16, sink, mask, jnp.float16)
+        _assert_slacks(monkeypatch, f, args, want, jnp.float16, ("15", "14", "0", ""), ("15", "0"))
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
