@@ -3,8 +3,9 @@ CTA-per-tile one (=0) and cuDNN, in one process, rounds interleaved (the switche
 variants ws0 / ws1 / ws2 / ws3 run the persistent kernel with MSA_OPS_DENSE_WS_WALK=0 / 1 / 2 / 3 (heads fastest, heads
 slowest, bands, heads slowest for short sequences and bands for long ones: ws_sm90.cuh; ws: the kernel's own
 choice); wsx: the persistent kernel with every warp storing its own rows (MSA_OPS_DENSE_WS_STORE=0, no TMA store);
-wsl0 / ctal0: ws / cta rescaling O at every rise of a row's max (MSA_OPS_LAZY_RESCALE=0).
-BENCH.md's
+wsl0 / ctal0: ws / cta rescaling O at every rise of a row's max (MSA_OPS_LAZY_RESCALE=0). ws and its variants keep
+the 128-row items (MSA_OPS_DENSE_WS_PAIR=0); wsp: the pair kernel's 64-row items (=1, where it serves the call); wsd:
+the handler's default choice between the two. BENCH.md's
 prefill shapes: bf16, D=128, H=16 (Hkv=16 unless --hkv), B*S=16384, contiguous and paged (page 128) K/V, causal and
 not. Prints TFLOP/s and ratios; checks that both kernels agree with cuDNN.
 
@@ -35,17 +36,18 @@ def main():
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--total", type=int, default=16384)
     ap.add_argument("--variants", default="ws,cta",
-                    help="comma list of ws, cta, ws0-ws3, wsx, wsl0, ctal0 (the first is compared)")
+                    help="comma list of ws, wsp, wsd, cta, ws0-ws3, wsx, wsl0, ctal0 (the first is compared)")
     ap.add_argument("--masks", default="null,causal")
     args = ap.parse_args()
     h, d = 16, 128
     rng = np.random.default_rng(0)
     variants = args.variants.split(",")
-    # MSA_OPS_DENSE_WS, MSA_OPS_DENSE_WS_WALK, MSA_OPS_DENSE_WS_STORE, MSA_OPS_LAZY_RESCALE ("": unset)
-    names = ("MSA_OPS_DENSE_WS", "MSA_OPS_DENSE_WS_WALK", "MSA_OPS_DENSE_WS_STORE", "MSA_OPS_LAZY_RESCALE")
-    envs = {"ws": ("1", "", "", ""), "cta": ("0", "", "", ""), "wsx": ("1", "", "0", ""),
-            "wsl0": ("1", "", "", "0"), "ctal0": ("0", "", "", "0"),
-            **{f"ws{i}": ("1", str(i), "", "") for i in range(4)}}
+    # MSA_OPS_DENSE_WS, _WALK, _STORE, MSA_OPS_LAZY_RESCALE, MSA_OPS_DENSE_WS_PAIR ("": unset)
+    names = ("MSA_OPS_DENSE_WS", "MSA_OPS_DENSE_WS_WALK", "MSA_OPS_DENSE_WS_STORE", "MSA_OPS_LAZY_RESCALE",
+             "MSA_OPS_DENSE_WS_PAIR")
+    envs = {"ws": ("1", "", "", "", "0"), "cta": ("0", "", "", "", ""), "wsx": ("1", "", "0", "", "0"),
+            "wsl0": ("1", "", "", "0", "0"), "ctal0": ("0", "", "", "0", ""), "wsp": ("1", "", "", "", "1"),
+            "wsd": ("1", "", "", "", ""), **{f"ws{i}": ("1", str(i), "", "", "0") for i in range(4)}}
     print(f"H={h}, Hkv={args.hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s")
     v0 = variants[0]
     cols = variants + ["cuDNN"] + [f"{v0} / {v}" for v in variants[1:]] + [f"{v0} / cuDNN"]

@@ -4,9 +4,10 @@ stamps of a profiling build (ws_sm90.cuh: CTA 5's first 64 items, clock64 at eac
   cmake -S kernels -B /tmp/bst -G Ninja -DMSA_OPS_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release -DMSA_OPS_WS_STAMPS=ON
   cmake --build /tmp/bst && MSA_OPS_LIBRARY_DIR=/tmp/bst python3 scripts/probe_ws_stamps.py [--ghz 1.75]
 
-BENCH.md's prefill shapes (bf16, D=128, H=16, B*S=16384, contiguous K/V). Cycles are converted at --ghz (ncu read
-1.73-1.76 GHz for this kernel on an H200). Prints, per shape, the medians over the CTA's items of each phase, and
-across the two roles (one SM's clock) when the loader issued each item's first K tile against the consumers' steps.
+BENCH.md's prefill shapes (bf16, D=128, H=16, B*S=16384 or --total, contiguous K/V). Cycles are converted at --ghz
+(ncu read 1.73-1.76 GHz for this kernel on an H200). Prints, per shape, the medians over the CTA's items of each
+phase, and across the two roles (one SM's clock) when the loader issued each item's first K tile against the
+consumers' steps. The pair kernel (MSA_OPS_DENSE_WS_PAIR) stamps its first pair: loader warp 0 and its warpgroup.
 """
 
 import argparse
@@ -51,9 +52,9 @@ def stamps():
     return buf
 
 
-def run(s, mask, ghz):
+def run(s, mask, ghz, total=16384):
     h, d = 16, 128
-    b = max(1, 16384 // s)
+    b = max(1, total // s)
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
     q = jax.random.normal(k1, (b * s, h, d), jnp.bfloat16)
     k = jax.random.normal(k2, (b * s, h, d), jnp.bfloat16)
@@ -95,10 +96,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ghz", type=float, default=1.75)
     ap.add_argument("--cases", default="512:null,512:causal,2048:null,8192:null")
+    ap.add_argument("--total", type=int, default=16384, help="B*S of each case")
     args = ap.parse_args()
     for case in args.cases.split(","):
         s, mask = case.split(":")
-        run(int(s), mask, args.ghz)
+        run(int(s), mask, args.ghz, args.total)
 
 
 if __name__ == "__main__":

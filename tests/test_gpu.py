@@ -188,14 +188,16 @@ def _tile128_cases():
 
 
 def use_128_row_kernel(monkeypatch, kernel):
-    """Selects the kernel that serves the 128-row tile on sm_90: the warp-specialized persistent one (wgmma_ws,
-    the default), the CTA-per-tile warpgroup-MMA one (MSA_OPS_DENSE_WS=0) or mma.sync (MSA_OPS_CUDA_WGMMA=0, the
-    kernel of every other GPU)."""
+    """Selects the kernel that serves the 128-row tile on sm_90: the warp-specialized persistent one on 128-row
+    items (wgmma_ws; MSA_OPS_DENSE_WS_PAIR=0) or on 64-row items, one warpgroup each (wgmma_pair; =1, for ragged
+    calls whose group divides 64, else the 128-row items), the CTA-per-tile warpgroup-MMA one (MSA_OPS_DENSE_WS=0)
+    or mma.sync (MSA_OPS_CUDA_WGMMA=0, the kernel of every other GPU)."""
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "0" if kernel == "mma_sync" else "1")
-    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1" if kernel == "wgmma_ws" else "0")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1" if kernel in ("wgmma_ws", "wgmma_pair") else "0")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS_PAIR", "1" if kernel == "wgmma_pair" else "0")
 
 
-KERNELS_128 = ["wgmma_ws", "wgmma", "mma_sync"]
+KERNELS_128 = ["wgmma_ws", "wgmma_pair", "wgmma", "mma_sync"]
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
@@ -587,16 +589,18 @@ WS_MANY_ITEMS_CASES = [
 ]
 
 
+@pytest.mark.parametrize("kernel", ["wgmma_ws", "wgmma_pair"])
 @pytest.mark.parametrize("case", WS_MANY_ITEMS_CASES, ids=["interleaved-p128", "window-p16", "152-sequences-p64",
                                                             "split-p256", "short-causal"])
-def test_cuda_mha_ws_prefill_many_items(case, monkeypatch):
+def test_cuda_mha_ws_prefill_many_items(case, kernel, monkeypatch):
     """The persistent 128-row kernel with more work items (query tile x kv head x partition) than CTAs, so that
     each CTA walks several items through its Q buffers and K/V rings: the interleaved heaviest-first order (40
     sequences of up to 22 tiles), the heads-slowest walk that causal calls of short sequences take (45 sequences
     of 2-5 tiles), the grid order over the sequence table's chunks (152 sequences, two of them with 0 and 1 rows),
     split-K partials, NaN past every sequence's keys and junk page-table tails; bf16 and f16, head dims 128 and
-    64. (Calls past the kernel's sequence table: test_cuda_mha_128_row_tiles_many_sequences.)"""
-    use_128_row_kernel(monkeypatch, "wgmma_ws")
+    64; on the 128-row items and on the pair kernel's 64-row items (use_128_row_kernel). (Calls past the kernel's
+    sequence table: test_cuda_mha_128_row_tiles_many_sequences.)"""
+    use_128_row_kernel(monkeypatch, kernel)
     n, cache_len, group, page, mask, np_ = case
     rng = np.random.default_rng(len(n) + group + page)
     dtype, d = (jnp.bfloat16, 128) if page != 16 else (jnp.float16, 64)

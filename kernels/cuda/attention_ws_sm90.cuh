@@ -419,5 +419,356 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// Short sequences: the consumer warpgroups take items of their own. attention_ws_sm90_kernel's two warpgroups work
+// on one 128-row tile together, so a sequence of 64 rows leaves one of them computing on rows past it, and each item's
+// serial chain (first K's arrival, the first step, the last P.V, the store: ~5 us on the H200 at S=64, against the
+// tile's own MMAs' fraction of a microsecond) runs once per 128 rows. Here each warpgroup p is paired with loader
+// warp p, and the pair walks every other item of the CTA's walk (rounds r = p, p + 2, ...) on 64-row query tiles:
+// two items' chains overlap on the SM, and no MMA row is spent on rows past a sequence whose rows end within a
+// 64-row half. The ring per pair is shallow (one K and one V stage at D=128, to stay within the shared memory of
+// one 128-row CTA), so a pair's long item waits on each tile's load: mha.cu takes this kernel for calls whose
+// sequences are short on average (or as MSA_OPS_DENSE_WS_PAIR says), the 128-row kernel for the others.
+template <int D>
+struct DenseWsPair {
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 128;  // one warpgroup per pair
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  static constexpr int kLaunchRegs = 168;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "register pool");
+  static constexpr int kBlockM = 64;   // query rows of an item
+  static constexpr int kBlockN = 128;  // keys of a K or V tile
+  static constexpr int kStages = D == 64 ? 2 : 1;  // of a pair's K ring and of its V ring
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kTileBytes = kBlockN * D * 2;
+  // per pair, at p * kPairBytes: Q [2], K [kStages], V [kStages]
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = 2 * kQBytes;
+  static constexpr int kOffV = kOffK + kStages * kTileBytes;
+  static constexpr int kPairBytes = kOffV + kStages * kTileBytes;
+  static constexpr int kOffMask = 2 * kPairBytes;                 // [2][kStages][4]: the K tiles' present keys
+  static constexpr int kOffOrder = kOffMask + 2 * kStages * 16;  // ws_order_build's [kWsOrderInts]
+  static constexpr int kOffItem = (kOffOrder + kWsOrderInts * 4 + 15) / 16 * 16;  // [2][2] DenseWsItem
+  static constexpr int kOffBar = (kOffItem + 4 * static_cast<int>(sizeof(DenseWsItem)) + 7) / 8 * 8;
+  // mbarriers per pair: Q full [2], Q empty [2], then K full, K empty, V full, V empty [kStages] each
+  static constexpr int kBarQFull = 0, kBarQEmpty = 2, kBarKFull = 4, kBarKEmpty = 4 + kStages,
+                       kBarVFull = 4 + 2 * kStages, kBarVEmpty = 4 + 3 * kStages, kBarsPair = 4 + 4 * kStages;
+  static constexpr int kSmemBytes = kOffBar + 2 * kBarsPair * 8;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;
+  static_assert(kQBytes % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms");
+  static_assert(D != 128 || kSmemAlloc + 1024 <= 196 * 1024, "shared memory of the D=128 kernel: L1 carve-out");
+  static_assert(kSmemAlloc <= 227 * 1024, "shared memory of one CTA on sm_90");
+  static_assert(D == 64 || D == 128, "head dim");
+};
+
+// Host: Q of the call in boxes of 64 rows, or false (as make_dense_q_map; also where the group does not divide 64).
+template <typename T, int D>
+bool make_dense_pair_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
+  const char* env = std::getenv("MSA_OPS_DENSE_WS");
+  if (env != nullptr && env[0] == '0') return false;
+  if ((reinterpret_cast<uintptr_t>(a.q) & 15) != 0) return false;
+  const CUtensorMapDataType dt =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return make_heads_q_map(a.q, dt, D, a.total_rows, a.H, a.Hkv, a.group, DenseWsPair<D>::kBlockM, qmap);
+}
+
+// tiles_x: the host's bound on the 64-row query tiles of the call; otherwise as attention_ws_sm90_kernel.
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+    attention_ws_pair_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm,
+                                  const __grid_constant__ CUtensorMap qmap, int tiles_x, int walk,
+                                  const __grid_constant__ CUtensorMap omap, int tma_store) {
+#if defined(MSA_OPS_SM90_WGMMA)
+  using C = DenseWsPair<D>;
+  constexpr int BM = C::kBlockM, BN = C::kBlockN, S = C::kStages;
+  constexpr int NS = BN / 8, ND = D / 8;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* sbase = smem_raw + pad;
+  const uint32_t s0 = raw_addr + pad;
+  int* sOrder = reinterpret_cast<int*>(sbase + C::kOffOrder);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int per_tile = a.Hkv * (a.num_partitions > 1 ? a.num_partitions : 1);
+  if (tid == 0) {
+    for (int p = 0; p < 2; ++p) {
+      const uint32_t b0 = s0 + C::kOffBar + 8 * p * C::kBarsPair;
+      for (int i = 0; i < 2; ++i) {
+        mbar_init(b0 + 8 * (C::kBarQFull + i), 1);
+        mbar_init(b0 + 8 * (C::kBarQEmpty + i), C::kConsumerThreads);
+      }
+      for (int i = 0; i < S; ++i) {
+        mbar_init(b0 + 8 * (C::kBarKFull + i), 1);
+        mbar_init(b0 + 8 * (C::kBarKEmpty + i), C::kConsumerThreads);
+        mbar_init(b0 + 8 * (C::kBarVFull + i), 1);
+        mbar_init(b0 + 8 * (C::kBarVEmpty + i), C::kConsumerThreads);
+      }
+    }
+    mbar_init_fence();
+  }
+  ws_order_build<BM>(a, tiles_x, per_tile, sOrder, walk);  // every thread
+  __syncthreads();
+
+  if (warp < 4) {
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (warp >= 2) return;
+    // ------------------------------------------------------------------ loader of pair p (warp p)
+    const int p = warp;
+    const uint32_t pb = s0 + p * C::kPairBytes;
+    const uint32_t bars = s0 + C::kOffBar + 8 * p * C::kBarsPair;
+    auto bar = [&](int i) { return bars + 8 * i; };
+    uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + C::kOffMask) + p * S * 4;
+    DenseWsItem* sItem = reinterpret_cast<DenseWsItem*>(sbase + C::kOffItem) + 2 * p;
+    const bool paged = a.kv_mode == kKvPaged;
+    int layer = 0;
+    bool layer_ok = true;
+    if (paged) {
+      layer = *a.layer_ptr;
+      layer_ok = layer >= 0 && layer < a.num_layers;
+      if (!layer_ok) layer = 0;  // every page then reads as missing
+    }
+    const int rb = kvm.box_rows;  // key rows per box: one page, or a whole tile
+    const int nbox = BN / rb;
+    const int rb_shift = __ffs(rb) - 1;
+    int gk = 0, qi = 0;  // tiles and items of this pair
+    for (int r = p;; r += 2) {
+      const int w = ws_walk(r);
+      if (w >= sOrder[2]) break;  // the number of items
+      if (p == 0 && lane == 0) ws_stamp(0, qi, 0);
+      const WsItem it = ws_item(sOrder, w, per_tile);
+      if (it.x_tile < 0) continue;
+      const SeqTile st = ws_locate<BM>(a, sOrder, it.x_tile);
+      const int hkv = it.sub % a.Hkv, part = it.sub / a.Hkv;
+      const int qb = qi & 1;
+      if (lane == 0) {
+        if (p == 0) ws_stamp(0, qi, 1);
+        mbar_wait_ws(bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
+        if (p == 0) ws_stamp(0, qi, 2);
+        sItem[qb] = DenseWsItem{st, hkv, part};  // written before the buffer's full barrier is arrived on
+        if (st.b >= 0) {
+          mbar_expect_tx(bar(C::kBarQFull + qb), C::kQBytes);
+          const int tok = st.q_base + st.row0 / a.group;  // row0 is a multiple of 64, and group divides 64
+#pragma unroll
+          for (int h = 0; h < D / 64; ++h)
+            tma_load_4d(pb + C::kOffQ + qb * C::kQBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb), h * 64, 0,
+                        hkv, tok);  // rows past the tensor: zeros
+        } else {
+          mbar_arrive(bar(C::kBarQFull + qb));
+        }
+        if (p == 0) ws_stamp(0, qi, 3);
+      }
+      const int nth = qi++;
+      if (st.b < 0) continue;
+      const TileKeys tk = tile_keys<BM, BN>(a, st, part);
+      if (p == 0 && lane == 0) ws_stamp(0, nth, 4);
+      const int kmax = static_cast<int>(st.kmax);
+      const int32_t* lut_row = paged ? a.lookup + static_cast<int64_t>(st.b) * a.max_pages : nullptr;
+      auto fetch = [&](int tile) {  // lane i < nbox: the page-table entry of box i of `tile` (-1 past the keys)
+        int32_t e = -1;
+        if (paged && lane < nbox) {
+          const int key = tile * BN + lane * rb;
+          if (key < kmax && layer_ok) e = __ldg(lut_row + (key >> a.page_shift));
+        }
+        return e;
+      };
+      // K (v false) or V of `tile` into ring slot gj % S once the pair's warpgroup has released it; with K goes the
+      // tile's present-key mask (attention_ws_sm90_kernel's loader).
+      auto issue = [&](int tile, int gj, bool v, int32_t entry) {
+        const int stage = gj % S;
+        const uint32_t full = bar((v ? C::kBarVFull : C::kBarKFull) + stage);
+        mbar_wait_ws(bar((v ? C::kBarVEmpty : C::kBarKEmpty) + stage), ((gj / S) & 1) ^ 1);
+        const int my_page = pool_page(a, entry);
+        const int key0 = tile * BN;
+        if (!v) {
+          const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
+#pragma unroll
+          for (int wd = 0; wd < BN / 32; ++wd) {
+            const int kl = wd * 32 + lane;
+            const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
+            const unsigned bits = __ballot_sync(0xffffffff, ok);
+            if (lane == 0) sMask[stage * 4 + wd] = bits;
+          }
+        }
+        if (lane == 0) mbar_expect_tx(full, C::kTileBytes);  // release: lane 0's mask words
+        const uint32_t dst = pb + (v ? C::kOffV : C::kOffK) + stage * C::kTileBytes;
+        const CUtensorMap* map = v ? &kvm.v : &kvm.k;
+        if (paged) {
+          if (lane < nbox) {
+            const int slot = key0 & (a.page_size - 1);
+            const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
+#pragma unroll
+            for (int h = 0; h < D / 64; ++h)
+              tma_load_5d(dst + h * BN * 128 + lane * rb * 128, map, full, h * 64, hkv, slot,
+                          (v ? a.num_layers : 0) + layer, blk);
+          }
+        } else if (lane == 0) {
+#pragma unroll
+          for (int h = 0; h < D / 64; ++h)
+            tma_load_3d(dst + h * BN * 128, map, full, h * 64, hkv, st.kv_base + key0);  // past the tensor: zeros
+        }
+      };
+      const int n = tk.num_tiles;
+      int32_t e_cur = n > 0 ? fetch(tk.tile_first) : -1, e_prev = -1;
+      for (int j = 0; j < n; ++j) {
+        const int tile = tk.tile_first + j;
+        const int32_t e_next = j + 1 < n ? fetch(tile + 1) : -1;
+        issue(tile, gk + j, false, e_cur);
+        if (j == 0 && p == 0 && lane == 0) ws_stamp(0, nth, 5);
+        if (j > 0) issue(tile - 1, gk + j - 1, true, e_prev);
+        e_prev = e_cur;
+        e_cur = e_next;
+      }
+      if (n > 0) issue(tk.tile_first + n - 1, gk + n - 1, true, e_prev);
+      if (p == 0 && lane == 0) ws_stamp(0, nth, 6);
+      gk += n;
+    }
+  } else {
+    // ------------------------------------------------------------------ consumer warpgroup of pair p
+    setmaxnreg_inc<C::kConsumerRegs>();
+    const int ctid = tid - 128;
+    const int wtid = ctid % 128;
+    // The pair index as a constant in each copy of the code (its buffers at fixed offsets: as a register-held
+    // address, the consumer spilled 212 bytes at 224 registers).
+    auto consume = [&](auto pair) {
+      constexpr int p = decltype(pair)::value;
+      const uint32_t pb = s0 + p * C::kPairBytes;
+      unsigned char* pbase = sbase + p * C::kPairBytes;
+      const uint32_t bars = s0 + C::kOffBar + 8 * p * C::kBarsPair;
+      auto bar = [&](int i) { return bars + 8 * i; };
+      const uint32_t* sMask = reinterpret_cast<const uint32_t*>(sbase + C::kOffMask) + p * S * 4;
+      const DenseWsItem* sItem = reinterpret_cast<const DenseWsItem*>(sbase + C::kOffItem) + 2 * p;
+      const int warp_row0 = (warp % 4) * 16;  // first item row of this warp
+      const float sl2 = a.scale_log2;
+      int g = 0, qi = 0;
+      float o[ND * 4];
+      float s[NS * 4];
+      uint32_t pf[BN / 16][4];
+      float corr[2];
+      for (int r = p;; r += 2) {
+        const int w = ws_walk(r);
+        if (w >= sOrder[2]) break;
+        const WsItem it = ws_item(sOrder, w, per_tile);
+        if (it.x_tile < 0) continue;
+        const int qb = qi & 1;
+        const bool stamp = p == 0 && wtid == 0;
+        if (stamp) ws_stamp(1, qi, 0);
+        mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
+        if (stamp) ws_stamp(1, qi, 1);
+        const DenseWsItem item = sItem[qb];  // the loader's ws_locate
+        const SeqTile& st = item.st;
+        if (st.b < 0) {  // past the last tile: the buffer holds no Q
+          mbar_arrive(bar(C::kBarQEmpty + qb));
+          ++qi;
+          continue;
+        }
+        const int hkv = item.hkv, part = item.part;
+        const int group = a.group;
+        const TileKeys tk = tile_keys<BM, BN>(a, st, part);
+        const int rows_seq = tk.rows_seq;
+        const int kmax = static_cast<int>(st.kmax);
+        const int tile_first = tk.tile_first, n = tk.num_tiles;
+        int row_lo[2], row_hi[2];
+  #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
+          if (pr < rows_seq) {
+            const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
+            row_lo[i] = static_cast<int>(imax(iv.lo, tk.k_lo));
+            row_hi[i] = static_cast<int>(imin(iv.hi, tk.k_hi));
+          } else {
+            row_lo[i] = 0;
+            row_hi[i] = 0;
+          }
+        }
+        const int full_lo = static_cast<int>(imax(tk.iv_last.lo, tk.k_lo));
+        const int full_hi = static_cast<int>(imin(tk.iv_first.hi, tk.k_hi));
+  #pragma unroll
+        for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+        const uint32_t q_wg = pb + C::kOffQ + qb * C::kQBytes;
+        auto sK = [&](int gj) { return pb + C::kOffK + (warp_uniform(gj) % S) * C::kTileBytes; };
+        auto sV = [&](int gj) { return pb + C::kOffV + (warp_uniform(gj) % S) * C::kTileBytes; };
+        uint32_t present[BN / 32];
+        auto wait_k = [&](int gj) {  // K of tile j landed; its present-key mask read before the slot is released
+          mbar_wait_ws(bar(C::kBarKFull + gj % S), (gj / S) & 1);
+  #pragma unroll
+          for (int wd = 0; wd < BN / 32; ++wd) present[wd] = sMask[(gj % S) * 4 + wd];
+        };
+        auto wait_v = [&](int j, int gj) {  // V of tile j landed; its rows past the sequence's keys are zeroed
+          mbar_wait_ws(bar(C::kBarVFull + gj % S), (gj / S) & 1);
+          const int n_exist = kmax - (tile_first + j) * BN;
+          if (n_exist < BN) {  // (n_exist < 0: a tile wholly past the keys, as in attention_ws_sm90_kernel)
+            zero_rows_sw128<BN, D, C::kConsumerThreads>(pbase + C::kOffV + (gj % S) * C::kTileBytes, max(n_exist, 0),
+                                                        wtid);
+            fence_proxy_async();
+            named_sync<1 + p>(C::kConsumerThreads);
+          }
+        };
+        auto softmax = [&](int j) {
+          wg_dense_softmax<NS>(s, present, (tile_first + j) * BN, full_lo, full_hi, row_lo, row_hi, m_run, l_run, corr,
+                               sl2, a.rescale_slack_log2, lane);
+        };
+        if (n > 0) {
+          wait_k(g);
+          if (stamp) ws_stamp(1, qi, 2);
+          wgmma_fence();
+          wg_qk<T, BM, BN, D>(s, q_wg, sK(g));
+          wgmma_wait<0>();
+          fence_regs<NS * 4>(s);
+          if (stamp) ws_stamp(1, qi, 3);  // (no turns here: the first Q K^T done)
+          mbar_arrive(bar(C::kBarKEmpty + g % S));
+          softmax(0);
+          wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
+          if (stamp) ws_stamp(1, qi, 4);
+          for (int j = 1; j < n; ++j) {
+            wait_k(g + j);
+            wait_v(j - 1, g + j - 1);
+            fence_regs<ND * 4>(o);
+            wgmma_fence();
+            wg_qk<T, BM, BN, D>(s, q_wg, sK(g + j));
+            wg_pv<T, BN, D>(o, pf, sV(g + j - 1));
+            wgmma_wait<1>();
+            fence_regs<NS * 4>(s);
+            mbar_arrive(bar(C::kBarKEmpty + (g + j) % S));
+            softmax(j);
+            wgmma_wait<0>();
+            fence_regs<ND * 4>(o);
+            mbar_arrive(bar(C::kBarVEmpty + (g + j - 1) % S));
+            wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
+          }
+          if (stamp) ws_stamp(1, qi, 5);
+          wait_v(n - 1, g + n - 1);
+          fence_regs<ND * 4>(o);
+          wgmma_fence();
+          wg_pv<T, BN, D>(o, pf, sV(g + n - 1));
+          wgmma_wait<0>();
+          fence_regs<ND * 4>(o);
+          mbar_arrive(bar(C::kBarVEmpty + (g + n - 1) % S));
+          if (stamp) ws_stamp(1, qi, 6);
+        }
+        g += n;
+        if (a.num_partitions <= 1) {
+          unsigned char* stage = pbase + C::kOffQ + qb * C::kQBytes + warp_row0 * 128;
+          wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, hkv, l_run, m_run, o, lane, stage, BM * 128);
+          ws_store_staged<T, D, BM>(a, st, rows_seq, warp_row0, hkv, group, lane, stage, &omap, tma_store);
+        } else {
+          wg_store_rows<T, D>(a, st, rows_seq, warp_row0, hkv, part, l_run, m_run, o, lane);
+        }
+        mbar_arrive(bar(C::kBarQEmpty + qb));
+        if (stamp) ws_stamp(1, qi, 7);
+        ++qi;
+      }
+    };
+    if (ctid < 128) consume(std::integral_constant<int, 0>{});
+    else consume(std::integral_constant<int, 1>{});
+  }
+#else
+  __trap();  // launched only on sm_90 (see launch_attention)
+#endif
+}
+
 }  // namespace cuda
 }  // namespace msa_ops

@@ -59,6 +59,18 @@ int64_t ragged_tiles(int64_t T, int64_t B, int64_t group, int64_t bm) {
 // CTA zeroes its kv head's heads of every n-th unowned row).
 int64_t spare_tiles(int64_t T) { return 1 + T / 64; }
 
+// Whether a ragged call on the 128-row tile goes to the pair kernel (attention_ws_pair_sm90_kernel: each consumer
+// warpgroup its own 64-row items): MSA_OPS_DENSE_WS_PAIR=1 wherever it can serve the call (group dividing 64), 0
+// never; by default when the sequences' rows (tokens x group) average at most kWsPairMaxRows.
+constexpr int64_t kWsPairMaxRows = 64;
+bool ws_pair_wanted(const AttentionArgs& a) {
+  if (a.q_mode != kQRagged || a.batch <= 0 || a.group > 64 || 64 % a.group != 0) return false;
+  const char* env = std::getenv("MSA_OPS_DENSE_WS_PAIR");
+  if (env != nullptr && env[0] == '0') return false;
+  if (env != nullptr && env[0] == '1') return true;
+  return static_cast<int64_t>(a.total_rows) * a.group <= kWsPairMaxRows * a.batch;
+}
+
 template <typename T, int D, int BM, int STAGES>
 Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, const char* target) {
   using Cfg = AttentionConfig<T, D, BM, STAGES>;
@@ -70,20 +82,34 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       // The warp-specialized persistent kernel where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
       const int64_t items = static_cast<int64_t>(grid_x) * a.Hkv * grid.z;
       static const bool ws_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kLaunchRegs);
+      static const bool pair_regs_ok =
+          kernel_holds_regs(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kLaunchRegs);
+      const int sms = device_sm_count();
+      // The walk (ws_sm90.cuh): the kv heads slowest with no mask; otherwise the heads slowest for short
+      // sequences and bands of the weight order for long ones (decided by the CTAs, which count the tiles);
+      // MSA_OPS_DENSE_WS_WALK=0/1/2/3 picks one (heads fastest, heads slowest, bands, that choice) for measurements.
+      int walk = a.mask == kMaskNull ? kWsHeadsSlowest : kWsShortSlowest;
+      if (const char* w = std::getenv("MSA_OPS_DENSE_WS_WALK"); w != nullptr && w[0] >= '0' && w[0] <= '3')
+        walk = w[0] - '0';
+      // Short sequences: the pair kernel's 64-row items (ws_pair_wanted), where it can serve the call.
+      const int64_t pair_tiles = ws_pair_wanted(a) ? ragged_tiles(a.total_rows, a.batch, a.group, 64) : 0;
+      const int64_t pair_items = pair_tiles * a.Hkv * grid.z;
       CUtensorMap qmap;
       // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
-      if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
+      if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 && make_dense_pair_q_map<T, D>(a, &qmap)) {
+        using CP = DenseWsPair<D>;
+        const int ws_grid = static_cast<int>(pair_items < sms ? pair_items : sms);
+        auto kernel = attention_ws_pair_sm90_kernel<T, D>;
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CP::kSmemAlloc);
+        CUtensorMap omap{};
+        const bool tma_store = make_dense_out_map<T, D>(a, &omap);
+        kernel<<<ws_grid, CP::kThreads, CP::kSmemAlloc, stream>>>(a, kv, qmap, static_cast<int>(pair_tiles), walk,
+                                                                   omap, tma_store ? 1 : 0);
+      } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
         using CW = DenseWs<D>;
-        const int sms = device_sm_count();
         const int ws_grid = static_cast<int>(items < sms ? items : sms);  // persistent: one CTA per SM at most
         auto kernel = attention_ws_sm90_kernel<T, D>;
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CW::kSmemAlloc);
-        // The walk (ws_sm90.cuh): the kv heads slowest with no mask; otherwise the heads slowest for short
-        // sequences and bands of the weight order for long ones (decided by the CTAs, which count the tiles);
-        // MSA_OPS_DENSE_WS_WALK=0/1/2/3 picks one (heads fastest, heads slowest, bands, that choice) for measurements.
-        int walk = a.mask == kMaskNull ? kWsHeadsSlowest : kWsShortSlowest;
-        if (const char* w = std::getenv("MSA_OPS_DENSE_WS_WALK"); w != nullptr && w[0] >= '0' && w[0] <= '3')
-          walk = w[0] - '0';
         CUtensorMap omap{};  // warps' whole 16-row slices leave by TMA store where the output allows it (else unread)
         const bool tma_store = make_dense_out_map<T, D>(a, &omap);
         kernel<<<ws_grid, CW::kThreads, CW::kSmemAlloc, stream>>>(a, kv, qmap, grid_x, walk, omap, tma_store ? 1 : 0);
