@@ -65,16 +65,16 @@ struct DenseWs {
   static_assert(D == 64 || D == 128, "head dim");
 };
 
-// Host: Q of the call for the loader's TMA (make_heads_q_map), or false (group not dividing 128, Q not 16-byte
-// aligned, no driver encoder, MSA_OPS_DENSE_WS=0): then attention_sm90_kernel serves the call.
+// Host: Q of the call for the loader's TMA in boxes of `rows` rows (make_heads_q_map), or false (group not dividing
+// rows, Q not 16-byte aligned, no driver encoder, MSA_OPS_DENSE_WS=0): then another kernel serves the call.
 template <typename T, int D>
-bool make_dense_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
+bool make_dense_q_map(const AttentionArgs& a, CUtensorMap* qmap, int rows = DenseWs<D>::kBlockM) {
   const char* env = std::getenv("MSA_OPS_DENSE_WS");
   if (env != nullptr && env[0] == '0') return false;
   if ((reinterpret_cast<uintptr_t>(a.q) & 15) != 0) return false;
   const CUtensorMapDataType dt =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return make_heads_q_map(a.q, dt, D, a.total_rows, a.H, a.Hkv, a.group, DenseWs<D>::kBlockM, qmap);
+  return make_heads_q_map(a.q, dt, D, a.total_rows, a.H, a.Hkv, a.group, rows, qmap);
 }
 
 // Rows of one TMA store of the output: a consumer warp's.
@@ -419,7 +419,6 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-
 // ---------------------------------------------------------------------------------------------------------------
 // Short sequences: the consumer warpgroups take items of their own. attention_ws_sm90_kernel's two warpgroups work
 // on one 128-row tile together, so a sequence of 64 rows leaves one of them computing on rows past it, and each item's
@@ -462,17 +461,6 @@ struct DenseWsPair {
   static_assert(kSmemAlloc <= 227 * 1024, "shared memory of one CTA on sm_90");
   static_assert(D == 64 || D == 128, "head dim");
 };
-
-// Host: Q of the call in boxes of 64 rows, or false (as make_dense_q_map; also where the group does not divide 64).
-template <typename T, int D>
-bool make_dense_pair_q_map(const AttentionArgs& a, CUtensorMap* qmap) {
-  const char* env = std::getenv("MSA_OPS_DENSE_WS");
-  if (env != nullptr && env[0] == '0') return false;
-  if ((reinterpret_cast<uintptr_t>(a.q) & 15) != 0) return false;
-  const CUtensorMapDataType dt =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return make_heads_q_map(a.q, dt, D, a.total_rows, a.H, a.Hkv, a.group, DenseWsPair<D>::kBlockM, qmap);
-}
 
 // tiles_x: the host's bound on the 64-row query tiles of the call; otherwise as attention_ws_sm90_kernel.
 template <typename T, int D>

@@ -59,12 +59,13 @@ int64_t ragged_tiles(int64_t T, int64_t B, int64_t group, int64_t bm) {
 // CTA zeroes its kv head's heads of every n-th unowned row).
 int64_t spare_tiles(int64_t T) { return 1 + T / 64; }
 
-// Whether a ragged call on the 128-row tile goes to the pair kernel (attention_ws_pair_sm90_kernel: each consumer
-// warpgroup its own 64-row items): MSA_OPS_DENSE_WS_PAIR=1 wherever it can serve the call (group dividing 64), 0
-// never; by default when the sequences' rows (tokens x group) average at most kWsPairMaxRows.
+// Whether a ragged call on the 128-row tile asks for the pair kernel (attention_ws_pair_sm90_kernel: each consumer
+// warpgroup its own 64-row items; it serves the call where its Q map can be made, i.e. the group divides 64):
+// MSA_OPS_DENSE_WS_PAIR=1 always, 0 never; by default when the sequences' rows (tokens x group) average at most
+// kWsPairMaxRows.
 constexpr int64_t kWsPairMaxRows = 64;
 bool ws_pair_wanted(const AttentionArgs& a) {
-  if (a.q_mode != kQRagged || a.batch <= 0 || a.group > 64 || 64 % a.group != 0) return false;
+  if (a.q_mode != kQRagged || a.batch <= 0) return false;
   const char* env = std::getenv("MSA_OPS_DENSE_WS_PAIR");
   if (env != nullptr && env[0] == '0') return false;
   if (env != nullptr && env[0] == '1') return true;
@@ -95,24 +96,22 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       const int64_t pair_tiles = ws_pair_wanted(a) ? ragged_tiles(a.total_rows, a.batch, a.group, 64) : 0;
       const int64_t pair_items = pair_tiles * a.Hkv * grid.z;
       CUtensorMap qmap;
-      // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
-      if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 && make_dense_pair_q_map<T, D>(a, &qmap)) {
-        using CP = DenseWsPair<D>;
-        const int ws_grid = static_cast<int>(pair_items < sms ? pair_items : sms);
-        auto kernel = attention_ws_pair_sm90_kernel<T, D>;
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CP::kSmemAlloc);
+      // A persistent launch over n items of `tiles` query tiles: one CTA per SM at most; warps' whole 16-row slices
+      // leave by TMA store where the output allows it (else omap is unread).
+      auto launch_ws = [&](auto kernel, int threads, int smem, int64_t n, int tiles) {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         CUtensorMap omap{};
         const bool tma_store = make_dense_out_map<T, D>(a, &omap);
-        kernel<<<ws_grid, CP::kThreads, CP::kSmemAlloc, stream>>>(a, kv, qmap, static_cast<int>(pair_tiles), walk,
-                                                                   omap, tma_store ? 1 : 0);
+        kernel<<<static_cast<int>(n < sms ? n : sms), threads, smem, stream>>>(a, kv, qmap, tiles, walk, omap,
+                                                                              tma_store ? 1 : 0);
+      };
+      // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
+      if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 &&
+          make_dense_q_map<T, D>(a, &qmap, DenseWsPair<D>::kBlockM)) {
+        launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc,
+                  pair_items, static_cast<int>(pair_tiles));
       } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
-        using CW = DenseWs<D>;
-        const int ws_grid = static_cast<int>(items < sms ? items : sms);  // persistent: one CTA per SM at most
-        auto kernel = attention_ws_sm90_kernel<T, D>;
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CW::kSmemAlloc);
-        CUtensorMap omap{};  // warps' whole 16-row slices leave by TMA store where the output allows it (else unread)
-        const bool tma_store = make_dense_out_map<T, D>(a, &omap);
-        kernel<<<ws_grid, CW::kThreads, CW::kSmemAlloc, stream>>>(a, kv, qmap, grid_x, walk, omap, tma_store ? 1 : 0);
+        launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, items, grid_x);
       } else {
         using C90 = Sm90Config<T, D>;
         auto kernel = attention_sm90_kernel<T, D>;
