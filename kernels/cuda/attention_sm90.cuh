@@ -64,8 +64,8 @@ struct Sm90Config {
 };
 
 // The TMA descriptors of a call's K/V (a __grid_constant__ kernel parameter). Paged: one descriptor over the whole
-// pool [NB, 2 * L, P, Hkv, D] (K at layer l, V at L + l), boxes of min(P, 128) key rows x 64 columns. Contiguous:
-// K and V as [rows, Hkv, D], boxes of 128 key rows x 64 columns.
+// pool [NB, 2 * L, P, Hkv, D] (K at layer l, V at L + l), boxes of min(P, tile) key rows x 64 columns. Contiguous:
+// K and V as [rows, Hkv, D], boxes of a tile's key rows (128, or 64 for the pair kernel) x 64 columns.
 struct Sm90Kv {
   CUtensorMap k;
   CUtensorMap v;
@@ -88,8 +88,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // Host: fills `kv` for the call, or returns false (then the mma.sync kernel serves it): paged pages must be a power
 // of two of at least 8 slots (whole 1024-byte swizzle atoms per box), and the driver must offer the encoder.
+// tile_rows: the kernel's key tile (128, or 64 for the pair kernel), the most key rows a box holds.
 template <typename T, int D>
-bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv) {
+bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const CUtensorMapDataType dt =
@@ -104,7 +105,7 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv) {
   };
   if (a.kv_mode == kKvPaged) {
     if (a.page_shift < 3 || a.num_blocks < 1 || a.num_layers < 1) return false;
-    kv->box_rows = a.page_size < 128 ? a.page_size : 128;
+    kv->box_rows = a.page_size < tile_rows ? a.page_size : tile_rows;
     const cuuint64_t dims[5] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
                                 static_cast<cuuint64_t>(a.page_size), 2 * static_cast<cuuint64_t>(a.num_layers),
                                 static_cast<cuuint64_t>(a.num_blocks)};
@@ -116,11 +117,11 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv) {
   }
   const int64_t rows = a.kv_mode == kKvPadded ? static_cast<int64_t>(a.batch) * a.total_keys : a.total_keys;
   if (rows < 1 || rows > INT32_MAX) return false;  // TMA coordinates are signed 32-bit
-  kv->box_rows = 128;
+  kv->box_rows = tile_rows;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
                               static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[2] = {D * 2, row};
-  const cuuint32_t box[3] = {64, 1, 128};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(tile_rows)};
   return enc(&kv->k, a.k, 3, dims, strides, box) && enc(&kv->v, a.v, 3, dims, strides, box);
 }
 
@@ -245,6 +246,15 @@ __device__ __forceinline__ void fence_regs(float* r) {
                  : MSA_WG_OUT64(d)                                                                          \
                  : "l"(da), "l"(db), "r"(accumulate));                                                      \
   }
+// d[32] (+)= A(64x16, smem) * B(64x16, smem)^T, both K-major: the 64-key tiles of the pair kernel.
+#define MSA_WG_SS_N64(NAME, TY)                                                                            \
+  __device__ __forceinline__ void NAME(float* d, uint64_t da, uint64_t db, int accumulate) {              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " MSA_WG_ACC32                   \
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                                          \
+                 : MSA_WG_OUT32(d)                                                                          \
+                 : "l"(da), "l"(db), "r"(accumulate));                                                      \
+  }
 // d[N/2] += A(64x16, registers) * B(16xN, smem, MN-major: read transposed). N = 128 or 64.
 #define MSA_WG_RS_N128(NAME, TY)                                                                           \
   __device__ __forceinline__ void NAME(float* d, const uint32_t* a, uint64_t db) {                        \
@@ -262,11 +272,14 @@ __device__ __forceinline__ void fence_regs(float* r) {
   }
 MSA_WG_SS_N128(wgmma_ss_n128_bf16, "bf16")
 MSA_WG_SS_N128(wgmma_ss_n128_f16, "f16")
+MSA_WG_SS_N64(wgmma_ss_n64_bf16, "bf16")
+MSA_WG_SS_N64(wgmma_ss_n64_f16, "f16")
 MSA_WG_RS_N128(wgmma_rs_n128_bf16, "bf16")
 MSA_WG_RS_N128(wgmma_rs_n128_f16, "f16")
 MSA_WG_RS_N64(wgmma_rs_n64_bf16, "bf16")
 MSA_WG_RS_N64(wgmma_rs_n64_f16, "f16")
 #undef MSA_WG_SS_N128
+#undef MSA_WG_SS_N64
 #undef MSA_WG_RS_N128
 #undef MSA_WG_RS_N64
 
@@ -288,8 +301,13 @@ __device__ __forceinline__ void wg_qk(float* s, uint32_t q_wg, uint32_t sK) {
     const uint32_t oq = (kk / 4) * BM * 128 + koff, ok = (kk / 4) * BN * 128 + koff;
     const uint64_t da = kStepAdd ? wgmma_desc_add(dq, oq) : wgmma_desc(q_wg + oq, 16, 1024);
     const uint64_t db = kStepAdd ? wgmma_desc_add(dk, ok) : wgmma_desc(sK + ok, 16, 1024);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma_ss_n128_bf16(s, da, db, kk > 0 ? 1 : 0);
-    else wgmma_ss_n128_f16(s, da, db, kk > 0 ? 1 : 0);
+    if constexpr (BN == 64) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma_ss_n64_bf16(s, da, db, kk > 0 ? 1 : 0);
+      else wgmma_ss_n64_f16(s, da, db, kk > 0 ? 1 : 0);
+    } else {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma_ss_n128_bf16(s, da, db, kk > 0 ? 1 : 0);
+      else wgmma_ss_n128_f16(s, da, db, kk > 0 ? 1 : 0);
+    }
   }
   wgmma_commit();
 }
@@ -359,7 +377,7 @@ __device__ __forceinline__ void wg_softmax_finish(float* s, float* m_new, float*
   }
 }
 
-// The dense kernels' online softmax of a 128-key tile whose first key is tile_key0 (log2 units; the exponentials
+// The dense kernels' online softmax of a 128-key (NS 16) or 64-key (NS 8) tile whose first key is tile_key0 (log2 units; the exponentials
 // stay in s). A key counts for row i when it lies in [row_lo[i], row_hi[i]) and its bit of `present` (the tile's
 // keys that the page table maps) is set. A tile every key of which both rows see (all present, inside
 // [full_lo, full_hi)) skips the per-key tests and scales its scores inside the exponential instead.
@@ -367,9 +385,10 @@ template <int NS>
 __device__ __forceinline__ void wg_dense_softmax(float* s, const uint32_t* present, int tile_key0, int full_lo,
                                                  int full_hi, const int* row_lo, const int* row_hi, float* m_run,
                                                  float* l_run, float* corr, float sl2, float slack, int lane) {
-  static_assert(NS * 8 == 128, "128-key tiles: four 32-bit words of present keys");
-  const bool all = (present[0] & present[1] & present[2] & present[3]) == 0xffffffffu;
-  const bool full = sl2 > 0.f && all && tile_key0 >= full_lo && tile_key0 + 128 <= full_hi;
+  static_assert(NS == 8 || NS == 16, "64- or 128-key tiles: two or four 32-bit words of present keys");
+  const uint32_t both = NS == 16 ? (present[0] & present[1] & present[2] & present[3]) : (present[0] & present[1]);
+  const bool all = both == 0xffffffffu;
+  const bool full = sl2 > 0.f && all && tile_key0 >= full_lo && tile_key0 + NS * 8 <= full_hi;
   float m_new[2] = {m_run[0], m_run[1]};
   if (full) {
     wg_raw_max<NS>(s, m_new, sl2);

@@ -426,9 +426,11 @@ __global__ void __launch_bounds__(384, 1)
 // tile's own MMAs' fraction of a microsecond) runs once per 128 rows. Here each warpgroup p is paired with loader
 // warp p, and the pair walks every other item of the CTA's walk (rounds r = p, p + 2, ...) on 64-row query tiles:
 // two items' chains overlap on the SM, and no MMA row is spent on rows past a sequence whose rows end within a
-// 64-row half. The ring per pair is shallow (one K and one V stage at D=128, to stay within the shared memory of
-// one 128-row CTA), so a pair's long item waits on each tile's load: mha.cu takes this kernel for calls whose
-// sequences are short on average (or as MSA_OPS_DENSE_WS_PAIR says), the 128-row kernel for the others.
+// 64-row half. K and V go in 64-key tiles (the host's boxes hold at most 64 key rows), so that a 64-token sequence's
+// first step computes no keys past it and each pair's rings hold two stages at D=128 (four at D=64) within the
+// shared memory of one 128-row CTA. Still, a pair's long item streams its keys through half the ring bytes that
+// the 128-row kernel's two warpgroups share: mha.cu takes this kernel for calls whose sequences are short on average (or as
+// MSA_OPS_DENSE_WS_PAIR says), the 128-row kernel for the others.
 template <int D>
 struct DenseWsPair {
   static constexpr int kThreads = 384;
@@ -437,9 +439,9 @@ struct DenseWsPair {
   static constexpr int kConsumerRegs = 224;
   static constexpr int kLaunchRegs = 168;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "register pool");
-  static constexpr int kBlockM = 64;   // query rows of an item
-  static constexpr int kBlockN = 128;  // keys of a K or V tile
-  static constexpr int kStages = D == 64 ? 2 : 1;  // of a pair's K ring and of its V ring
+  static constexpr int kBlockM = 64;  // query rows of an item
+  static constexpr int kBlockN = 64;  // keys of a K or V tile (the host's K/V boxes: make_sm90_kv's tile_rows)
+  static constexpr int kStages = D == 64 ? 4 : 2;  // of a pair's K ring and of its V ring
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;
   // per pair, at p * kPairBytes: Q [2], K [kStages], V [kStages]

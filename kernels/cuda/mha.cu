@@ -98,20 +98,22 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       CUtensorMap qmap;
       // A persistent launch over n items of `tiles` query tiles: one CTA per SM at most; warps' whole 16-row slices
       // leave by TMA store where the output allows it (else omap is unread).
-      auto launch_ws = [&](auto kernel, int threads, int smem, int64_t n, int tiles) {
+      auto launch_ws = [&](auto kernel, int threads, int smem, const Sm90Kv& kvm, int64_t n, int tiles) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         CUtensorMap omap{};
         const bool tma_store = make_dense_out_map<T, D>(a, &omap);
-        kernel<<<static_cast<int>(n < sms ? n : sms), threads, smem, stream>>>(a, kv, qmap, tiles, walk, omap,
+        kernel<<<static_cast<int>(n < sms ? n : sms), threads, smem, stream>>>(a, kvm, qmap, tiles, walk, omap,
                                                                               tma_store ? 1 : 0);
       };
       // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
+      Sm90Kv kv_pair;  // the pair kernel's boxes: its 64-key tiles
       if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 &&
-          make_dense_q_map<T, D>(a, &qmap, DenseWsPair<D>::kBlockM)) {
-        launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc,
+          make_dense_q_map<T, D>(a, &qmap, DenseWsPair<D>::kBlockM) &&
+          make_sm90_kv<T, D>(a, &kv_pair, DenseWsPair<D>::kBlockN)) {
+        launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc, kv_pair,
                   pair_items, static_cast<int>(pair_tiles));
       } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
-        launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, items, grid_x);
+        launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, kv, items, grid_x);
       } else {
         using C90 = Sm90Config<T, D>;
         auto kernel = attention_sm90_kernel<T, D>;
