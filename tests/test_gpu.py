@@ -635,14 +635,14 @@ def many_sequences(rng, nseq):
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
-@pytest.mark.parametrize("nseq", [100, 129, 700, 1024, 1100])
+@pytest.mark.parametrize("nseq", [100, 129, 700, 1024, 1100, 5000])
 def test_cuda_mha_128_row_tiles_many_sequences(kernel, nseq, monkeypatch):
-    """Many short sequences and two longer ones on the 128-row tile: the persistent kernel's sequence table (its
-    tiles counted; entries per sequence at 100 sequences, per chunk of 32 at 129, 700 and 1024; not the interleaved
-    walk, since the longest sequence's tiles make its slots more than twice the tiles) and calls past it (1100
-    sequences: locate_tile's scan of the offsets); every kernel finds each tile's sequence through the repaired
-    offsets (rows before offsets[0], a decreasing offset, rows past the last) and writes 0 to the rows no sequence
-    owns."""
+    """Many short sequences and two longer ones on the 128-row tile: the persistent kernels' sequence table (its
+    tiles counted; entries per sequence at 100 sequences, per chunk of 32 at 129, 700 and 1024, of 64 at 1100 and
+    of 160 at 5000, whose scan from the chunk takes two rounds of loads; not the interleaved walk, since the longest
+    sequence's tiles make its slots more than twice the tiles); every kernel finds each tile's sequence through the
+    repaired offsets (rows before offsets[0], a decreasing offset, rows past the last) and writes 0 to the rows no
+    sequence owns."""
     use_128_row_kernel(monkeypatch, kernel)
     rng = np.random.default_rng(nseq)
     hkv, group, d, page = 1, 8, 128, 64

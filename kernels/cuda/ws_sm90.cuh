@@ -114,18 +114,21 @@ inline bool make_heads_q_map(const void* q, CUtensorMapDataType dt, int d, int64
 //   * kWsBanded: the weight order above cut into bands of kWsBand tiles, the items of a tile slowest within a band
 //     (the band's weights differ by at most its tiles').
 //
-// The table. For ragged calls of at most kWsOrderSeqs sequences the CTA counts the tiles at its start and keeps
-// the tiles and the repaired row offset before each chunk of 32 sequences, and, for calls of at most kWsSeqTable
-// sequences, before each sequence (B + 1 entries each), so that
+// The table. For ragged calls the CTA counts the tiles at its start and keeps the tiles and the repaired row offset
+// before each chunk of 32 sequences (of ws_chunk_span's multiple of 32 past kWsOrderSeqs sequences, so that
+// there are at most kWsOrderChunks chunks), and, for calls of at most kWsSeqTable sequences, before each sequence
+// (B + 1 entries each), so that
 //   * the walk holds just the tiles that exist, not tiles_x, the host's bound (up to B more), whose empty items
 //     fell unevenly on the CTAs (at S=512, B=32, Hkv=16: 12 to 19 real items a CTA for a mean of 15.5);
 //   * an item's sequence is found in shared memory, not by locate_tile's scan from sequence 0, which costs
 //     B / 128 dependent global loads per item (~1 us each under load): a bisection of the sequences (at most
 //     kWsSeqTable of them: no global load), else a bisection of the chunks and locate_tile's scan from the found
-//     chunk (one round of global loads; at S=512 causal, B=32, that load cost ~7%: NOTES_mha.md v30).
+//     chunk (one round of global loads per 128 sequences of a chunk; at S=512 causal, B=32, that load cost ~7%:
+//     NOTES_mha.md v30). Past kWsOrderSeqs sequences that scan once started from sequence 0: at S=32, B=2048 an
+//     item took ~17 us (NOTES_mha.md v39).
 // Not per sequence up to kWsOrderSeqs: shared memory past 196 KB costs the dense D=128 kernel the larger carve-out
 // (L1 28 KB instead of 60), 5% at S=512 and 2k on the H200 (NOTES_mha.md v30); DenseWs asserts that it stays within.
-constexpr int kWsOrderSeqs = 1024;  // sequences of the table
+constexpr int kWsOrderSeqs = 1024;  // sequences of the table in chunks of 32 (more: longer chunks)
 constexpr int kWsSeqTable = 128;    // sequences with entries of their own (and of the interleaved walk)
 constexpr int kWsOrderChunks = kWsOrderSeqs / 32;
 enum WsWalk : int { kWsHeadsFastest = 0, kWsHeadsSlowest = 1, kWsBanded = 2, kWsShortSlowest = 3 };
@@ -154,20 +157,23 @@ struct WsItem {
 };
 // Whether the call's sequences fit the table (ws_order_build fills it, ws_locate reads it), and whether they have
 // entries of their own in it (the interleaved walk and ws_locate's bisection of the sequences need them).
-__device__ __forceinline__ bool ws_table_holds(const AttentionArgs& a) {
-  return a.q_mode == kQRagged && a.batch <= kWsOrderSeqs;
+__device__ __forceinline__ bool ws_table_holds(const AttentionArgs& a) { return a.q_mode == kQRagged; }
+// Sequences per chunk of the table: 32 up to kWsOrderSeqs sequences, then the multiple of 32 that keeps the chunks
+// at kWsOrderChunks.
+__device__ __forceinline__ int ws_chunk_span(const AttentionArgs& a) {
+  return 32 * max(1, (a.batch + kWsOrderSeqs - 1) / kWsOrderSeqs);
 }
 __device__ __forceinline__ bool ws_table_per_seq(const AttentionArgs& a) {
   return ws_table_holds(a) && a.batch <= kWsSeqTable;
 }
 
 // Builds the order in shared memory. Called by every thread of the CTA (at least 8 warps: each warp scans up to
-// four chunks of 32 sequences), with two CTA barriers; the caller's next barrier publishes the order. BM:
+// four chunks of the table), with two CTA barriers; the caller's next barrier publishes the order. BM:
 // query rows per tile (locate_tile's numbering).
 template <int BM>
 __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles_x, int per_tile, int* order,
                                                int walk = kWsHeadsFastest) {
-  constexpr int kPer = 4;  // chunks a warp: 8 warps cover the 32 chunks of kWsOrderSeqs
+  constexpr int kPer = 4;  // chunks a warp: 8 warps cover the table's 32 chunks
   static_assert(kWsOrderChunks <= 8 * kPer && kWsOrderChunks <= 32 && kWsOrderSeqs % 32 == 0,
                 "chunks of the table: 8 warps, 32 lanes");
   static_assert(kWsSeqTable <= kWsOrderSeqs && kWsOrderChunks == 32, "the table's parts (chunk max in chunk_first)");
@@ -176,33 +182,36 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
   int* eff_t = order + kWsOrderEff;
   int* chunk_first = order + kWsOrderChunkFirst;
   int* chunk_eff = order + kWsOrderChunkEff;
-  int* c_max = chunk_first;                  // per chunk of 32 sequences: the max of its raw offsets (steps 1-2)
+  int* c_max = chunk_first;                  // per chunk: the max of its raw offsets (steps 1-2)
   int* c_tiles = order + kWsOrderScratch;    // its tiles
   int* c_long = c_tiles + 32;                // its longest sequence's tiles
   const int B = a.batch;
   const bool counted = ws_table_holds(a);
   const bool per_seq = ws_table_per_seq(a);
-  const int nchunks = counted ? (B + 31) / 32 : 0;
-  // 1. Every chunk's raw offsets[b + 1], all loads at once; the chunk's max.
+  const int span = ws_chunk_span(a);  // sequences per chunk (32 unless B > kWsOrderSeqs)
+  const int nchunks = counted ? (B + span - 1) / span : 0;
+  // 1. Every chunk's raw offsets[b + 1], the first 32 of each chunk all at once; the chunk's max.
   int64_t v[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int c = warp + i * nwarps;
-    v[i] = c < nchunks ? seq_end_raw(a, c * 32 + lane) : INT64_MIN;
+    v[i] = c < nchunks ? seq_end_raw(a, c * span + lane) : INT64_MIN;
   }
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int c = warp + i * nwarps;
     if (c >= nchunks) break;
     int64_t m = v[i];
+#pragma unroll 4
+    for (int s = 32; s < span; s += 32) m = imax(m, seq_end_raw(a, c * span + s + lane));
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) m = imax(m, __shfl_xor_sync(0xffffffff, m, d));
     // Clamped to [0, T] (int) without changing the repaired offsets: eff = min(max(carry, v), T), carry in [0, T].
     if (lane == 0) c_max[c] = static_cast<int>(iclamp(m, 0, a.total_rows));
   }
   __syncthreads();
-  // 2. Each chunk's carry (eff at its first sequence) from the chunks before it; its step of the repaired-offsets
-  // scan (seq_rows_step); tiles and their sum-scan within the chunk.
+  // 2. Each chunk's carry (eff at its first sequence) from the chunks before it; its steps of the repaired-offsets
+  // scan (seq_rows_step), 32 sequences each; tiles and their sum-scan within the chunk (per_seq: one step).
   const int64_t lo = counted ? first_owned_row(a) : 0;
   int cs[kPer], tl[kPer];
 #pragma unroll
@@ -214,20 +223,28 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) carry = imax(carry, __shfl_xor_sync(0xffffffff, carry, d));
     carry = imin(carry, a.total_rows);
-    const int b = c * 32 + lane;
-    int64_t eff_prev, eff_next;
-    int n, tiles;
-    const int x = seq_tiles_step<BM>(a, c * 32, v[i], carry, &eff_prev, &eff_next, &n, &tiles);
-    int mx = tiles;
+    if (lane == 0) chunk_eff[c] = static_cast<int>(carry);
+    int total = 0, mx = 0;  // the chunk's tiles before this step, its longest sequence's
+    int64_t raw = v[i];
+    for (int s = 0; s < span; s += 32) {
+      const int b = c * span + s + lane;
+      const int64_t raw_next = s + 32 < span ? seq_end_raw(a, b + 32) : 0;  // (loaded before this step's scan)
+      int64_t eff_prev, eff_next;
+      int n, tiles;
+      const int x = seq_tiles_step<BM>(a, c * span + s, raw, carry, &eff_prev, &eff_next, &n, &tiles);
+      mx = max(mx, tiles);
+      cs[i] = x;
+      tl[i] = tiles;
+      if (per_seq && b < B) eff_t[b] = static_cast<int>(eff_prev);
+      if (per_seq && b == B - 1) eff_t[B] = static_cast<int>(eff_next);
+      total += __shfl_sync(0xffffffff, x, 31);
+      carry = __shfl_sync(0xffffffff, eff_next, 31);
+      raw = raw_next;
+    }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffff, mx, d));
-    cs[i] = x;
-    tl[i] = tiles;
-    if (lane == 0) chunk_eff[c] = static_cast<int>(carry);
-    if (per_seq && b < B) eff_t[b] = static_cast<int>(eff_prev);
-    if (per_seq && b == B - 1) eff_t[B] = static_cast<int>(eff_next);
     if (lane == 31) {
-      c_tiles[c] = x;
+      c_tiles[c] = total;
       c_long[c] = mx;
     }
   }
@@ -240,7 +257,7 @@ __device__ __forceinline__ void ws_order_build(const AttentionArgs& a, int tiles
     int before = lane < c ? c_tiles[lane] : 0;
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) before += __shfl_xor_sync(0xffffffff, before, d);
-    const int b = c * 32 + lane;
+    const int b = c * span + lane;  // (per_seq: span is 32)
     if (lane == 0) chunk_first[c] = before;
     if (per_seq && b < B) first_t[b] = before + cs[i] - tl[i];
     if (per_seq && b == B - 1) first_t[B] = before + cs[i];
@@ -306,9 +323,9 @@ __device__ __forceinline__ int ws_bisect(const int* first, int n, int tile) {
   return lo;
 }
 // locate_tile of `tile` (whole warps), from the order's table for ragged calls: a bisection over the tiles before
-// each sequence (at most kWsSeqTable of them), else before each chunk (at most kWsOrderSeqs sequences: the last
+// each sequence (at most kWsSeqTable of them), else before each chunk (the last
 // chunk whose first tile is at most `tile`; chunks of no tiles share their successor's first tile) and locate_tile's
-// scan from that chunk, which finds it in its first step; past kWsOrderSeqs, the scan from sequence 0.
+// scan from that chunk, which finds it within the chunk's span / 128 rounds of loads.
 template <int BM>
 __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* order, int tile) {
   if (a.q_mode != kQRagged) return locate_tile<BM>(a, tile);
@@ -333,8 +350,9 @@ __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* 
     int64_t carry = first_owned_row(a);
     if (ws_table_holds(a)) {
       const int* first = order + kWsOrderChunkFirst;
-      const int lo = ws_bisect(first, (a.batch + 31) / 32, tile);  // past the last tile: the last chunk
-      base0 = lo * 32;
+      const int span = ws_chunk_span(a);
+      const int lo = ws_bisect(first, (a.batch + span - 1) / span, tile);  // past the last tile: the last chunk
+      base0 = lo * span;
       tiles_before = first[lo];
       carry = order[kWsOrderChunkEff + lo];
     }
