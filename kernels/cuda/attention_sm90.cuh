@@ -237,51 +237,34 @@ __device__ __forceinline__ void fence_regs(float* r) {
 #define MSA_WG_OUT32(d) MSA_WG_OUT8(d, 0), MSA_WG_OUT8(d, 8), MSA_WG_OUT8(d, 16), MSA_WG_OUT8(d, 24)
 #define MSA_WG_OUT64(d) MSA_WG_OUT32(d), MSA_WG_OUT8(d, 32), MSA_WG_OUT8(d, 40), MSA_WG_OUT8(d, 48), MSA_WG_OUT8(d, 56)
 
-// d[64] (+)= A(64x16, smem) * B(128x16, smem)^T, both K-major.
-#define MSA_WG_SS_N128(NAME, TY)                                                                           \
+// d[N/2] (+)= A(64x16, smem) * B(Nx16, smem)^T, both K-major (N = 128, or 64 for the pair kernel's 64-key tiles).
+// ACC / OUT: the N/2 accumulators as PTX operands and as asm outputs; PRED, AB: the operand numbers that follow.
+#define MSA_WG_SS(NAME, TY, N, ACC, OUT, PRED, AB)                                                          \
   __device__ __forceinline__ void NAME(float* d, uint64_t da, uint64_t db, int accumulate) {              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " MSA_WG_ACC64                  \
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                          \
-                 : MSA_WG_OUT64(d)                                                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                           \
+                 "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " ACC ", " AB                 \
+                 ", p, 1, 1, 0, 0;\n}\n"                                                                    \
+                 : OUT(d)                                                                                   \
                  : "l"(da), "l"(db), "r"(accumulate));                                                      \
   }
-// d[32] (+)= A(64x16, smem) * B(64x16, smem)^T, both K-major: the 64-key tiles of the pair kernel.
-#define MSA_WG_SS_N64(NAME, TY)                                                                            \
-  __device__ __forceinline__ void NAME(float* d, uint64_t da, uint64_t db, int accumulate) {              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " MSA_WG_ACC32                   \
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                                          \
-                 : MSA_WG_OUT32(d)                                                                          \
-                 : "l"(da), "l"(db), "r"(accumulate));                                                      \
-  }
-// d[N/2] += A(64x16, registers) * B(16xN, smem, MN-major: read transposed). N = 128 or 64.
-#define MSA_WG_RS_N128(NAME, TY)                                                                           \
+// d[N/2] += A(64x16, registers) * B(16xN, smem, MN-major: read transposed). N = 128 or 64; OPS: A's four registers
+// and B's descriptor as PTX operands.
+#define MSA_WG_RS(NAME, TY, N, ACC, OUT, OPS)                                                               \
   __device__ __forceinline__ void NAME(float* d, const uint32_t* a, uint64_t db) {                        \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " MSA_WG_ACC64                  \
-                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                                               \
-                 : MSA_WG_OUT64(d)                                                                          \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " ACC ", " OPS ", 1, 1, 1, 1;\n" \
+                 : OUT(d)                                                                                   \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                    \
   }
-#define MSA_WG_RS_N64(NAME, TY)                                                                            \
-  __device__ __forceinline__ void NAME(float* d, const uint32_t* a, uint64_t db) {                        \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " MSA_WG_ACC32                   \
-                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"                                               \
-                 : MSA_WG_OUT32(d)                                                                          \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));                                    \
-  }
-MSA_WG_SS_N128(wgmma_ss_n128_bf16, "bf16")
-MSA_WG_SS_N128(wgmma_ss_n128_f16, "f16")
-MSA_WG_SS_N64(wgmma_ss_n64_bf16, "bf16")
-MSA_WG_SS_N64(wgmma_ss_n64_f16, "f16")
-MSA_WG_RS_N128(wgmma_rs_n128_bf16, "bf16")
-MSA_WG_RS_N128(wgmma_rs_n128_f16, "f16")
-MSA_WG_RS_N64(wgmma_rs_n64_bf16, "bf16")
-MSA_WG_RS_N64(wgmma_rs_n64_f16, "f16")
-#undef MSA_WG_SS_N128
-#undef MSA_WG_SS_N64
-#undef MSA_WG_RS_N128
-#undef MSA_WG_RS_N64
+MSA_WG_SS(wgmma_ss_n128_bf16, "bf16", "128", MSA_WG_ACC64, MSA_WG_OUT64, "%66", "%64, %65")
+MSA_WG_SS(wgmma_ss_n128_f16, "f16", "128", MSA_WG_ACC64, MSA_WG_OUT64, "%66", "%64, %65")
+MSA_WG_SS(wgmma_ss_n64_bf16, "bf16", "64", MSA_WG_ACC32, MSA_WG_OUT32, "%34", "%32, %33")
+MSA_WG_SS(wgmma_ss_n64_f16, "f16", "64", MSA_WG_ACC32, MSA_WG_OUT32, "%34", "%32, %33")
+MSA_WG_RS(wgmma_rs_n128_bf16, "bf16", "128", MSA_WG_ACC64, MSA_WG_OUT64, "{%64, %65, %66, %67}, %68")
+MSA_WG_RS(wgmma_rs_n128_f16, "f16", "128", MSA_WG_ACC64, MSA_WG_OUT64, "{%64, %65, %66, %67}, %68")
+MSA_WG_RS(wgmma_rs_n64_bf16, "bf16", "64", MSA_WG_ACC32, MSA_WG_OUT32, "{%32, %33, %34, %35}, %36")
+MSA_WG_RS(wgmma_rs_n64_f16, "f16", "64", MSA_WG_ACC32, MSA_WG_OUT32, "{%32, %33, %34, %35}, %36")
+#undef MSA_WG_SS
+#undef MSA_WG_RS
 
 // The pieces of one key-tile step that the dense (below) and the MSA prefill (msa_prefill_sm90.cuh) kernels share.
 // Thread layout: each thread holds rows lane/4 and lane/4 + 8 of its warp's 16 (the wgmma accumulator layout,
@@ -377,8 +360,8 @@ __device__ __forceinline__ void wg_softmax_finish(float* s, float* m_new, float*
   }
 }
 
-// The dense kernels' online softmax of a 128-key (NS 16) or 64-key (NS 8) tile whose first key is tile_key0 (log2 units; the exponentials
-// stay in s). A key counts for row i when it lies in [row_lo[i], row_hi[i]) and its bit of `present` (the tile's
+// The dense kernels' online softmax of a 128-key (NS 16) or 64-key (NS 8) tile whose first key is tile_key0 (log2
+// units; the exponentials stay in s). A key counts for row i when it lies in [row_lo[i], row_hi[i]) and its bit of `present` (the tile's
 // keys that the page table maps) is set. A tile every key of which both rows see (all present, inside
 // [full_lo, full_hi)) skips the per-key tests and scales its scores inside the exponential instead.
 template <int NS>
