@@ -2,9 +2,9 @@
 
 Decode (BENCH.md): bf16, Hq=32, Hkv=8, D=128, paged (page 128 and 16) for ours, contiguous for the peers;
 GB/s = bytes of K and V read once / time. Prefill: bf16, D=128, H=16, B*S=16384, causal and not; TFLOP/s =
-4*B*S^2*H*D (half for causal) / time. Prefill of many short sequences: the same at B*S=65536 with S=64 and 256
-(B=1024 and 256), causal, where finding each tile's sequence among B is part of the cost. Prints markdown tables,
-writes gpu_mha.json (+ .md) into --out.
+4*B*S^2*H*D (half for causal) / time. Prefill of many short sequences: the same at B*S=65536 with S=32, 64 and
+256 (B=2048, 1024 and 256), causal, where finding each tile's sequence among B is part of the cost. Prints
+markdown tables, writes gpu_mha.json (+ .md) into --out.
 """
 
 from __future__ import annotations
@@ -203,9 +203,9 @@ def main():
         run_decode(rows, results, rng)
     if a.only in (None, "prefill"):
         run_prefill(rows, rng)
-        # Many short sequences; the second timing with the persistent kernel kept on 128-row items (at S=64 the
-        # handler takes the pair kernel's 64-row items by default).
-        run_prefill(rows, rng, "prefill_many", (64, 256), 65536, (True,),
+        # Many short sequences; the second timing with the persistent kernel kept on 128-row items (at S=32 and 64
+        # the handler takes the pair kernel's 64-row items by default).
+        run_prefill(rows, rng, "prefill_many", (32, 64, 256), 65536, (True,),
                     ("MSA_OPS_DENSE_WS_PAIR", "ours_contig_ws128"))
     md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", "",
           f"Ours and cuDNN (prefill: ours contiguous and paged, cuDNN) timed once a round, {ROUNDS} rounds in rotating "
