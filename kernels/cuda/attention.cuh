@@ -123,6 +123,14 @@ __device__ __forceinline__ float sink_term(const T* sink, int h, float m) {
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// The dynamic shared memory rounded up to 1024 bytes, the 128-byte swizzle's atom (the sm_90 kernels' kSmemAlloc
+// holds the pad): *base the generic pointer, returned the shared-space address.
+__device__ __forceinline__ uint32_t smem_align_1024(unsigned char* raw, unsigned char** base) {
+  const uint32_t raw_addr = smem_addr(raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  *base = raw + pad;
+  return raw_addr + pad;
+}
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));

@@ -361,9 +361,9 @@ __device__ __forceinline__ void wg_softmax_finish(float* s, float* m_new, float*
 }
 
 // The dense kernels' online softmax of a 128-key (NS 16) or 64-key (NS 8) tile whose first key is tile_key0 (log2
-// units; the exponentials stay in s). A key counts for row i when it lies in [row_lo[i], row_hi[i]) and its bit of `present` (the tile's
-// keys that the page table maps) is set. A tile every key of which both rows see (all present, inside
-// [full_lo, full_hi)) skips the per-key tests and scales its scores inside the exponential instead.
+// units; the exponentials stay in s). A key counts for row i when it lies in [row_lo[i], row_hi[i]) and its bit of
+// `present` (the tile's keys that the page table maps) is set. A tile every key of which both rows see (all present,
+// inside [full_lo, full_hi)) skips the per-key tests and scales its scores inside the exponential instead.
 template <int NS>
 __device__ __forceinline__ void wg_dense_softmax(float* s, const uint32_t* present, int tile_key0, int full_lo,
                                                  int full_hi, const int* row_lo, const int* row_hi, float* m_run,
@@ -540,10 +540,8 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   constexpr int ND = D / 8;   // 8-wide output column blocks
   extern __shared__ unsigned char smem_raw[];
   // Swizzle atoms are 1024-byte aligned: round the dynamic shared memory base up.
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
-  unsigned char* sbase = smem_raw + pad;
-  const uint32_t sQ = raw_addr + pad;
+  unsigned char* sbase;
+  const uint32_t sQ = smem_align_1024(smem_raw, &sbase);
   const uint32_t sKV = sQ + Cfg::kQBytes;  // stage s: K at sKV + 2 s kKvTileBytes, V kKvTileBytes after it
   uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + Cfg::kQBytes + STAGES * 2 * Cfg::kKvTileBytes);
   const uint32_t sBar = smem_addr(sMask + STAGES * 4);  // stage s's mbarrier at sBar + 8 s

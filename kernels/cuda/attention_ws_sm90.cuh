@@ -95,6 +95,23 @@ bool make_dense_out_map(const AttentionArgs& a, CUtensorMap* omap) {
 }
 
 #if defined(MSA_OPS_SM90_WGMMA)
+// The mbarriers of a set of Q buffers and K / V rings (C: DenseWs or DenseWsPair, whose offsets they share) at
+// shared address b0: full barriers wait for one arrival (with the TMA bytes), empty ones for every consumer thread.
+template <class C>
+__device__ __forceinline__ void ws_init_bars(uint32_t b0) {
+  auto bar = [&](int i) { return b0 + 8 * i; };
+  for (int i = 0; i < 2; ++i) {
+    mbar_init(bar(C::kBarQFull + i), 1);
+    mbar_init(bar(C::kBarQEmpty + i), C::kConsumerThreads);
+  }
+  for (int i = 0; i < C::kStages; ++i) {
+    mbar_init(bar(C::kBarKFull + i), 1);
+    mbar_init(bar(C::kBarKEmpty + i), C::kConsumerThreads);
+    mbar_init(bar(C::kBarVFull + i), 1);
+    mbar_init(bar(C::kBarVEmpty + i), C::kConsumerThreads);
+  }
+}
+
 // The unsplit epilogue's stores, after wg_stage_rows has put a warp's 16 rows, normalized, into its rows of the Q
 // buffer (the layout of a 16-row TMA box): one TMA store per 64 columns when all 16 rows belong to the sequence and
 // tma_store is set (omap: make_dense_out_map), lane 0 waiting only until the boxes have been read; otherwise each lane
@@ -133,10 +150,8 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int BM = C::kBlockM, BN = C::kBlockN, S = C::kStages;
   constexpr int NS = BN / 8, ND = D / 8;
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
-  unsigned char* sbase = smem_raw + pad;
-  const uint32_t s0 = raw_addr + pad;
+  unsigned char* sbase;
+  const uint32_t s0 = smem_align_1024(smem_raw, &sbase);
   uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + C::kOffMask);
   int* sOrder = reinterpret_cast<int*>(sbase + C::kOffOrder);
   DenseWsItem* sItem = reinterpret_cast<DenseWsItem*>(sbase + C::kOffItem);
@@ -146,16 +161,7 @@ __global__ void __launch_bounds__(384, 1)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int per_tile = a.Hkv * (a.num_partitions > 1 ? a.num_partitions : 1);
   if (tid == 0) {
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(bar(C::kBarQFull + i), 1);
-      mbar_init(bar(C::kBarQEmpty + i), C::kConsumerThreads);
-    }
-    for (int i = 0; i < S; ++i) {
-      mbar_init(bar(C::kBarKFull + i), 1);
-      mbar_init(bar(C::kBarKEmpty + i), C::kConsumerThreads);
-      mbar_init(bar(C::kBarVFull + i), 1);
-      mbar_init(bar(C::kBarVEmpty + i), C::kConsumerThreads);
-    }
+    ws_init_bars<C>(sBar);
     mbar_init_fence();
   }
   ws_order_build<BM>(a, tiles_x, per_tile, sOrder, walk);  // every thread
@@ -429,8 +435,8 @@ __global__ void __launch_bounds__(384, 1)
 // 64-row half. K and V go in 64-key tiles (the host's boxes hold at most 64 key rows), so that a 64-token sequence's
 // first step computes no keys past it and each pair's rings hold two stages at D=128 (four at D=64) within the
 // shared memory of one 128-row CTA. Still, a pair's long item streams its keys through half the ring bytes that
-// the 128-row kernel's two warpgroups share: mha.cu takes this kernel for calls whose sequences are short on average (or as
-// MSA_OPS_DENSE_WS_PAIR says), the 128-row kernel for the others.
+// the 128-row kernel's two warpgroups share: mha.cu takes this kernel for calls whose sequences are short on
+// average (or as MSA_OPS_DENSE_WS_PAIR says), the 128-row kernel for the others.
 template <int D>
 struct DenseWsPair {
   static constexpr int kThreads = 384;
@@ -475,28 +481,14 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int BM = C::kBlockM, BN = C::kBlockN, S = C::kStages;
   constexpr int NS = BN / 8, ND = D / 8;
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
-  unsigned char* sbase = smem_raw + pad;
-  const uint32_t s0 = raw_addr + pad;
+  unsigned char* sbase;
+  const uint32_t s0 = smem_align_1024(smem_raw, &sbase);
   int* sOrder = reinterpret_cast<int*>(sbase + C::kOffOrder);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int per_tile = a.Hkv * (a.num_partitions > 1 ? a.num_partitions : 1);
   if (tid == 0) {
-    for (int p = 0; p < 2; ++p) {
-      const uint32_t b0 = s0 + C::kOffBar + 8 * p * C::kBarsPair;
-      for (int i = 0; i < 2; ++i) {
-        mbar_init(b0 + 8 * (C::kBarQFull + i), 1);
-        mbar_init(b0 + 8 * (C::kBarQEmpty + i), C::kConsumerThreads);
-      }
-      for (int i = 0; i < S; ++i) {
-        mbar_init(b0 + 8 * (C::kBarKFull + i), 1);
-        mbar_init(b0 + 8 * (C::kBarKEmpty + i), C::kConsumerThreads);
-        mbar_init(b0 + 8 * (C::kBarVFull + i), 1);
-        mbar_init(b0 + 8 * (C::kBarVEmpty + i), C::kConsumerThreads);
-      }
-    }
+    for (int p = 0; p < 2; ++p) ws_init_bars<C>(s0 + C::kOffBar + 8 * p * C::kBarsPair);
     mbar_init_fence();
   }
   ws_order_build<BM>(a, tiles_x, per_tile, sOrder, walk);  // every thread

@@ -97,10 +97,8 @@ __global__ void __launch_bounds__(256, 1)
   constexpr int D = C::kD, BM = C::kBlockM, BN = C::kBlockN;
   constexpr int NS = BN / 8, ND = D / 8;
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
-  unsigned char* sbase = smem_raw + pad;
-  const uint32_t sQ = raw_addr + pad;
+  unsigned char* sbase;
+  const uint32_t sQ = smem_align_1024(smem_raw, &sbase);
   int* sIds = reinterpret_cast<int*>(sbase + C::kOffIds);
   int* sPages = reinterpret_cast<int*>(sbase + C::kOffPages);
   uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + C::kOffMask);

@@ -155,8 +155,9 @@ constexpr int kWsOrderInts = kWsOrderScratch + 2 * 32;
 struct WsItem {
   int x_tile, sub;  // sub: the item within the tile (w % per_tile); x_tile -1: an empty slot of the interleaved walk
 };
-// Whether the call's sequences fit the table (ws_order_build fills it, ws_locate reads it), and whether they have
-// entries of their own in it (the interleaved walk and ws_locate's bisection of the sequences need them).
+// Whether the call's sequences are in the table (every ragged call's: ws_order_build fills it, ws_locate reads it),
+// and whether they have entries of their own in it (the interleaved walk and ws_locate's bisection of the sequences
+// need them).
 __device__ __forceinline__ bool ws_table_holds(const AttentionArgs& a) { return a.q_mode == kQRagged; }
 // Sequences per chunk of the table: 32 up to kWsOrderSeqs sequences, then the multiple of 32 that keeps the chunks
 // at kWsOrderChunks.
