@@ -346,18 +346,13 @@ __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* 
     st.q_base = eff[lo];
     st.n_q = eff[lo + 1] - eff[lo];
     st.row0 = (tile - first[lo]) * BM;
-  } else {
-    int base0 = 0, tiles_before = 0;
-    int64_t carry = first_owned_row(a);
-    if (ws_table_holds(a)) {
-      const int* first = order + kWsOrderChunkFirst;
-      const int span = ws_chunk_span(a);
-      const int lo = ws_bisect(first, (a.batch + span - 1) / span, tile);  // past the last tile: the last chunk
-      base0 = lo * span;
-      tiles_before = first[lo];
-      carry = order[kWsOrderChunkEff + lo];
-    }
-    if (!scan_tiles<BM>(a, tile, base0, &carry, &tiles_before, &st)) return st;  // past the last tile
+  } else {  // ragged calls keep the chunks in the table (ws_table_holds)
+    const int* first = order + kWsOrderChunkFirst;
+    const int span = ws_chunk_span(a);
+    const int lo = ws_bisect(first, (a.batch + span - 1) / span, tile);  // past the last tile: the last chunk
+    int tiles_before = first[lo];
+    int64_t carry = order[kWsOrderChunkEff + lo];
+    if (!scan_tiles<BM>(a, tile, lo * span, &carry, &tiles_before, &st)) return st;  // past the last tile
   }
   locate_keys(a, &st);
   return st;
