@@ -653,7 +653,7 @@ __global__ void __launch_bounds__(384, 1)
         const int kmax = static_cast<int>(st.kmax);
         const int tile_first = tk.tile_first, n = tk.num_tiles;
         int row_lo[2], row_hi[2];
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
           if (pr < rows_seq) {
@@ -667,7 +667,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         const int full_lo = static_cast<int>(imax(tk.iv_last.lo, tk.k_lo));
         const int full_hi = static_cast<int>(imin(tk.iv_first.hi, tk.k_hi));
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
         const uint32_t q_wg = pb + C::kOffQ + qb * C::kQBytes;
@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(384, 1)
         uint32_t present[BN / 32];
         auto wait_k = [&](int gj) {  // K of tile j landed; its present-key mask read before the slot is released
           mbar_wait_ws(bar(C::kBarKFull + gj % S), (gj / S) & 1);
-  #pragma unroll
+#pragma unroll
           for (int wd = 0; wd < BN / 32; ++wd) present[wd] = sMask[(gj % S) * 4 + wd];
         };
         auto wait_v = [&](int j, int gj) {  // V of tile j landed; its rows past the sequence's keys are zeroed
