@@ -547,8 +547,10 @@ def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
 def test_cuda_unowned_rows_past_the_zeroing_grid(kernel, monkeypatch):
     """More rows owned by no sequence than the zeroing kernel has blocks (1024, striding over them), on the 128-row
     tile with the output poisoned first: ragged queries with 1100 rows before offsets[0] and 900 past offsets[B],
-    and padded queries whose padding rows reach past row 1024 (valid lengths 5, 700, 0 of 700). Those rows are 0
-    and the others match the oracle. (On mma.sync, ragged, the attention kernel's spare CTAs zero the rows.)"""
+    and padded queries whose padding rows reach past row 1024 (valid lengths 5, 700, 0 of 700); then 140 short
+    ragged sequences with 300 rows before and 200 past them. Those rows are 0 and the others match the oracle. (On
+    mma.sync, ragged, the attention kernel's spare CTAs zero the rows; the persistent kernels zero them with a warp
+    of their own, the others by a launch after the kernel.)"""
     use_128_row_kernel(monkeypatch, kernel)
     rng = np.random.default_rng(77)
     hkv, group, d = 2, 4, 128
@@ -562,6 +564,17 @@ def test_cuda_unowned_rows_past_the_zeroing_grid(kernel, monkeypatch):
     k = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
     v = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
     f = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str="causal", implementation="native"))
+    got = run_on_poisoned_output(f, (q, k, v, qo, ko), (T, h, d), lead, tail)
+    assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str="causal"), budget_for(jnp.bfloat16))
+    # 140 sequences: past the persistent kernels' table entries per sequence (their owned range found otherwise)
+    n = [int(x) for x in rng.integers(1, 20, 140)]
+    lead, tail = 300, 200
+    qo = np.concatenate([[lead], lead + np.cumsum(n)]).astype(np.int32)
+    ko = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    T = int(qo[-1]) + tail
+    q = rand(rng, (T, h, d), jnp.bfloat16)
+    k = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
+    v = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
     got = run_on_poisoned_output(f, (q, k, v, qo, ko), (T, h, d), lead, tail)
     assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str="causal"), budget_for(jnp.bfloat16))
     s = 700
@@ -1004,6 +1017,40 @@ def test_cuda_msa_prefill_item_order(case, monkeypatch):
     max_pages = max(-(-(c + m) // 128) for c, m in zip(cache_len, n))
     args, f = _msa_prefill_call(rng, "blocks", 8, topk, n, cache_len, max_pages, 3, hkv=hkv, layers=layers)
     got = np.asarray(f(*args), np.float32)
+    assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("ws", ["1", "0"])
+@pytest.mark.parametrize("n_seq", [3, 140])
+def test_cuda_msa_prefill_unowned_rows_are_zero(n_seq, ws, monkeypatch):
+    """A prefill-route call whose rows before offsets[0] (1100) and past offsets[B] (900) belong to no sequence,
+    more of them than the GPU has SMs, the output poisoned first: those rows are 0 and the others match the
+    oracle. The persistent kernel zeroes them with one warp of each CTA, taking the owned range from its sequence
+    table (3 sequences) or from the offsets (140, past the table's entries per sequence); the CTA-per-tile kernel
+    (MSA_OPS_MSA_PREFILL_WS=0) leaves them to the zeroing launch after it."""
+    monkeypatch.setenv("MSA_OPS_MSA_PREFILL_WS", ws)
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
+    rng = np.random.default_rng(90 + n_seq)
+    hkv, group, topk, lead, tail = 2, 8, 4, 1100, 900
+    n = [300, 20, 140] if n_seq == 3 else [int(x) for x in rng.integers(9, 30, n_seq)]
+    cache_len = [0, 130, 200] if n_seq == 3 else [int(x) for x in rng.integers(0, 300, n_seq)]
+    max_pages = max(-(-(c + m) // 128) for c, m in zip(cache_len, n))
+    core = RaggedBatch(n, cache_len, sum(n))
+    ids_core = _msa_prefill_ids(rng, "blocks", core, topk, max_pages, hkv)
+    T = lead + sum(n) + tail
+    ids = rng.integers(-1, max_pages, (hkv, T, topk)).astype(np.int32)  # the unowned rows' ids: never read
+    ids[:, lead:lead + sum(n)] = ids_core
+    offs = (lead + core.offsets).astype(np.int32)
+    cache = make_paged_cache(rng, [c + m for c, m in zip(cache_len, n)], page_size=128, max_pages=max_pages,
+                             n_kv_heads=hkv, head_dim=128, num_layers=2, dtype=jnp.bfloat16)
+    kv_blocks = nan_past_keys(cache, cache_len, n, 128, layer=1)
+    q = rand(rng, (T, hkv * group, 128), jnp.bfloat16)
+    args = (q, offs, None, kv_blocks, core.cache_lengths, cache.lut, 1, ids)
+    cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
+    plan = msa_ops.plan("mo.msa.attention.ragged.paged", q, offs, cro, *args[3:])
+    assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)
+    f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
+    got = run_on_poisoned_output(f, args, (T, hkv * group, 128), lead, tail)
     assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
 
 

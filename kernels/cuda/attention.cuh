@@ -1486,26 +1486,28 @@ __device__ __forceinline__ bool row_owned(const AttentionArgs& a, int t) {
   return t >= own.lo && t < own.hi;
 }
 
+// Output row t zeroed by `n` threads (this one the i-th): 16-byte stores where every row starts 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void zero_out_row(const AttentionArgs& a, int row_elems, int64_t t, int i, int n) {
+  using M = Mma<T>;
+  T* out = static_cast<T*>(a.out) + t * row_elems;
+  if ((reinterpret_cast<uintptr_t>(a.out) & 15) == 0 && (row_elems * sizeof(T)) % 16 == 0) {
+    for (int e = i * 8; e < row_elems; e += n * 8) *reinterpret_cast<uint4*>(out + e) = make_uint4(0, 0, 0, 0);
+  } else {
+    for (int e = i; e < row_elems; e += n) out[e] = M::from_float(0.f);
+  }
+}
+
 // Rows owned by no sequence output 0. A grid of at most kZeroRowsBlocks blocks strides over them: ragged, each block
 // finds the owned range [eff[0], eff[B]) once and visits only the rows outside it, so that a call whose rows are all
 // owned costs one small wave (one block per row of a 16k-row call took 12.4 us on an H200, 5% of a dense prefill
-// call at S = 512; benchmarks/NOTES_mha.md v27); padded, each block tests its rows.
+// call at S = 512; benchmarks/NOTES_mha.md v27); padded, each block tests its rows. (The persistent sm_90 kernels
+// zero them with a warp of their own instead: zero_unowned_rows_warp.)
 constexpr int kZeroRowsBlocks = 1024;
 template <typename T>
 __global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
-  using M = Mma<T>;
   const int64_t T_ = a.total_rows;
-  // 16-byte stores where every row starts 16-byte aligned.
-  const bool wide = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0 && (row_elems * sizeof(T)) % 16 == 0;
-  auto zero_row = [&](int64_t t) {
-    T* out = static_cast<T*>(a.out) + t * row_elems;
-    if (wide) {
-      for (int e = threadIdx.x * 8; e < row_elems; e += blockDim.x * 8)
-        *reinterpret_cast<uint4*>(out + e) = make_uint4(0, 0, 0, 0);
-    } else {
-      for (int e = threadIdx.x; e < row_elems; e += blockDim.x) out[e] = M::from_float(0.f);
-    }
-  };
+  auto zero_row = [&](int64_t t) { zero_out_row<T>(a, row_elems, t, threadIdx.x, blockDim.x); };
   if (a.q_mode == kQPadded) {
     for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
       const int64_t b = t / a.seq_rows, i = t % a.seq_rows;
@@ -1522,6 +1524,33 @@ __global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
   const int64_t lo = own_s.lo, hi = own_s.hi;
   const int64_t unowned = lo + (T_ - hi);
   for (int64_t j = blockIdx.x; j < unowned; j += gridDim.x) zero_row(j < lo ? j : hi + (j - lo));
+}
+
+// What zero_unowned_rows_kernel does, by `parts` whole warps (this one takes every parts-th row from row `part`):
+// for the persistent kernels, which have a warp to spare, so that no launch follows them. `own`: the owned range
+// where the caller knows it (ragged; else it is read here). Padded, the lanes test 32 rows at once.
+template <typename T>
+__device__ __forceinline__ void zero_unowned_rows_warp(const AttentionArgs& a, int row_elems, const OwnedRows* own,
+                                                       int part, int parts) {
+  const int lane = threadIdx.x & 31;
+  const int T_ = a.total_rows, G = parts;
+  if (a.q_mode == kQPadded) {
+    for (int64_t base = part; base < T_; base += 32 * G) {
+      const int64_t t = base + lane * G;
+      bool unowned = false;
+      if (t < T_) {
+        const int ti = static_cast<int>(t);
+        unowned = ti % a.seq_rows >= iclamp(a.valid_lengths[ti / a.seq_rows], 0, a.seq_rows);
+      }
+      for (uint32_t m = __ballot_sync(0xffffffff, unowned); m != 0; m &= m - 1)
+        zero_out_row<T>(a, row_elems, base + (__ffs(m) - 1) * G, lane, 32);
+    }
+    return;
+  }
+  const OwnedRows o = own != nullptr ? *own : owned_rows(a);
+  const int lo = static_cast<int>(o.lo), hi = static_cast<int>(o.hi);  // within [0, T_]
+  const int unowned = lo + (T_ - hi);
+  for (int64_t j = part; j < unowned; j += G) zero_out_row<T>(a, row_elems, j < lo ? j : hi + (j - lo), lane, 32);
 }
 // The launch of zero_unowned_rows_kernel for a call of total_rows rows (> 0).
 template <typename T>

@@ -8,6 +8,8 @@
 //     one of two Q buffers, with the item's place (ws_locate, next to the buffer: the consumers do not wait on
 //     its global reads), then the item's K and V tiles into K and V rings (V one tile behind K), each tile with
 //     the mask of its present keys (a page-table entry naming no page of the pool, or keys past the sequence);
+//     After its walk it zeroes the output rows that no sequence owns (unsplit calls; ws_zero_unowned_rows), while
+//     the consumers finish their last item, so that no launch follows the kernel;
 //   * warps 1-3 exit once the whole CTA has built the walk's order (ws_order_build);
 //   * warpgroups 1 and 2 (the consumers) run attention_sm90_kernel's wgmma pipeline over 64 rows each and take
 //     turns issuing each step's MMAs (named barriers 3 and 4), so that one's softmax runs under the other's MMAs;
@@ -275,6 +277,7 @@ __global__ void __launch_bounds__(384, 1)
       if (lane == 0) ws_stamp(0, nth, 6);
       gk += n;
     }
+    if (a.num_partitions <= 1) ws_zero_unowned_rows<BM, T>(a, sOrder, a.H * D);
   } else {
     // ------------------------------------------------------------------ consumers (warpgroups 1 and 2)
     setmaxnreg_inc<C::kConsumerRegs>();
@@ -436,7 +439,8 @@ __global__ void __launch_bounds__(384, 1)
 // first step computes no keys past it and each pair's rings hold two stages at D=128 (four at D=64) within the
 // shared memory of one 128-row CTA. Still, a pair's long item streams its keys through half the ring bytes that
 // the 128-row kernel's two warpgroups share: mha.cu takes this kernel for calls whose sequences are short on
-// average (or as MSA_OPS_DENSE_WS_PAIR says), the 128-row kernel for the others.
+// average (or as MSA_OPS_DENSE_WS_PAIR says), the 128-row kernel for the others. The two loaders zero the rows no
+// sequence owns after their walks, as the loader does there.
 template <int D>
 struct DenseWsPair {
   static constexpr int kThreads = 384;
@@ -607,6 +611,7 @@ __global__ void __launch_bounds__(384, 1)
       if (p == 0 && lane == 0) ws_stamp(0, nth, 6);
       gk += n;
     }
+    if (a.num_partitions <= 1) ws_zero_unowned_rows<BM, T>(a, sOrder, a.H * D, p, 2);
   } else {
     // ------------------------------------------------------------------ consumer warpgroup of pair p
     setmaxnreg_inc<C::kConsumerRegs>();

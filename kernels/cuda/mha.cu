@@ -77,6 +77,8 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
   using Cfg = AttentionConfig<T, D, BM, STAGES>;
   const dim3 grid(grid_x, a.Hkv, a.num_partitions > 1 ? a.num_partitions : 1);
   bool launched = false;
+  bool zeroed = false;  // rows owned by no sequence written by the attention kernel (a warp of the persistent
+                        // kernels, unsplit; spare CTAs of attention_kernel)
   if constexpr (BM == Sm90Config<T, D>::kBlockM) {
     Sm90Kv kv;  // the TMA descriptors; without them (page size, driver) the mma.sync kernel serves the call
     if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv)) {
@@ -112,8 +114,10 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
           make_sm90_kv<T, D>(a, &kv_pair, DenseWsPair<D>::kBlockN)) {
         launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc, kv_pair,
                   pair_items, static_cast<int>(pair_tiles));
+        zeroed = a.num_partitions <= 1;
       } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
         launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, kv, items, grid_x);
+        zeroed = a.num_partitions <= 1;
       } else {
         using C90 = Sm90Config<T, D>;
         auto kernel = attention_sm90_kernel<T, D>;
@@ -125,7 +129,6 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     }
   }
   bool clustered = false;  // split-K partitions merged in the attention kernel, in clusters
-  bool zeroed = false;     // rows owned by no sequence written by the attention kernel (spare CTAs)
   if (grid_x > 0 && !launched) {
     auto kernel = attention_kernel<T, D, BM, STAGES>;
     // Ragged queries: x tiles past the tile bound, whose CTAs zero the rows owned by no sequence where the kernel

@@ -737,6 +737,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   const AttentionArgs a = as_attention(m);
   Sm90Kv kv;  // the TMA descriptors of the pool (without them the per-token kernel serves the call)
   bool clustered = false;  // split-K partitions launched as clusters that merge in the kernel
+  bool zeroed = false;     // the persistent prefill kernel zeroes the rows no sequence owns itself
   const bool prefill = m.T > 0 && m.topk > 0 && m.B > 0 && use_prefill_sm90<KV>(m) &&
                        make_sm90_kv<__nv_bfloat16, kD>(a, &kv) && kv.box_rows == kBlock;
   if (prefill) {
@@ -753,6 +754,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillWs::kSmemAlloc);
       kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(a, kv, qmap, m.d_indices, m.topk,
                                                                                 static_cast<int>(tiles_x));
+      zeroed = true;
     } else {
       auto kernel = msa_prefill_sm90_kernel;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);
@@ -777,11 +779,12 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
   }
   // Split-K merges (and zeroes rows owned by no sequence) in the dense combine kernel; unsplit, the per-token
-  // kernel zeroes those rows itself and the prefill kernel leaves them to the dense zeroing epilogue.
+  // kernel and the persistent prefill kernel zero those rows themselves, the CTA-per-tile prefill kernel leaves
+  // them to the dense zeroing epilogue.
   if (m.T > 0 && m.topk == 0) {  // nothing selected: every row is zero
     if (cudaError_t e = cudaMemsetAsync(m.out, 0, static_cast<size_t>(m.T) * m.H * kD * 2, stream); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": memset failed: " + cudaGetErrorString(e));
-  } else if (m.T > 0 && ((m.num_partitions > 1 && !clustered) || prefill)) {
+  } else if (m.T > 0 && ((m.num_partitions > 1 && !clustered) || (prefill && !zeroed))) {
     if (m.num_partitions > 1)
       split_k_combine_kernel<__nv_bfloat16, kD><<<dim3(m.T, m.H), kD, 0, stream>>>(a);
     else

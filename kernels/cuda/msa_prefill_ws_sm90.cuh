@@ -8,7 +8,8 @@
 //     not wait on its global reads), then its union blocks' K and V (one page each) into two-stage K and V rings;
 //   * warps 1-3 (the planners) build each tile's plan: the union of its valid selected blocks and, per block, the
 //     mask of the tile's tokens that selected it, one chunk of up to kChunk blocks at a time, into one of two
-//     plan slots;
+//     plan slots; after the walk, warp 1 zeroes the output rows that no sequence owns (ws_zero_unowned_rows), so
+//     that no launch follows the kernel;
 //   * warpgroups 1 and 2 (the consumers) run the wgmma pipeline over 64 rows each, as in msa_prefill_sm90.cuh,
 //     then store their rows through their part of the Q buffer (whole rows, 16 bytes a lane). They take turns
 //     issuing each step's MMAs (named barriers 3 and 4), so that one's softmax runs under the other's MMAs.
@@ -288,6 +289,8 @@ __global__ void __launch_bounds__(384, 1)
         }
         named_sync<1>(C::kPlanners);  // every planner is done with sBits / sBase / the entry cache of this tile
       }
+      // The rows no sequence owns, zeroed while the consumers finish the last items (no launch after the kernel).
+      if (warp == 1) ws_zero_unowned_rows<BM, T>(a, sOrder, a.H * D);
     }
   } else {
     // ------------------------------------------------------------------ consumers (warpgroups 1 and 2)

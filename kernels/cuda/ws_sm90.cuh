@@ -358,5 +358,27 @@ __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* 
   return st;
 }
 
+// Rows owned by no sequence, zeroed by `warps` whole warps of each CTA, the caller being number `warp` of them
+// (zero_unowned_rows_warp: warp w of CTA c takes every (warps x grid)-th row from row c x warps + w). Ragged, the
+// owned range [eff[0], eff[B]) comes from the order's table: its entries per sequence (no global load), else its
+// first chunk's row and the end that ws_locate finds past the last tile (one round of loads from the last chunk,
+// where owned_rows would read all B + 1 offsets).
+template <int BM, typename T>
+__device__ __forceinline__ void ws_zero_unowned_rows(const AttentionArgs& a, const int* order, int row_elems,
+                                                     int warp = 0, int warps = 1) {
+  const int part = blockIdx.x * warps + warp, parts = gridDim.x * warps;
+  if (a.q_mode != kQRagged) {
+    zero_unowned_rows_warp<T>(a, row_elems, nullptr, part, parts);
+    return;
+  }
+  OwnedRows own;
+  if (ws_table_per_seq(a)) {
+    own = OwnedRows{order[kWsOrderEff], order[kWsOrderEff + a.batch]};
+  } else {
+    own = OwnedRows{order[kWsOrderChunkEff], ws_locate<BM>(a, order, order[4]).pos0};
+  }
+  zero_unowned_rows_warp<T>(a, row_elems, &own, part, parts);
+}
+
 }  // namespace cuda
 }  // namespace msa_ops
