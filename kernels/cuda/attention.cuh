@@ -1510,8 +1510,7 @@ __global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
   auto zero_row = [&](int64_t t) { zero_out_row<T>(a, row_elems, t, threadIdx.x, blockDim.x); };
   if (a.q_mode == kQPadded) {
     for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
-      const int64_t b = t / a.seq_rows, i = t % a.seq_rows;
-      if (i >= iclamp(a.valid_lengths[b], 0, a.seq_rows)) zero_row(t);  // the same test in every thread
+      if (!row_owned(a, static_cast<int>(t))) zero_row(t);  // the same test in every thread
     }
     return;
   }
@@ -1527,30 +1526,26 @@ __global__ void zero_unowned_rows_kernel(const AttentionArgs a, int row_elems) {
 }
 
 // What zero_unowned_rows_kernel does, by `parts` whole warps (this one takes every parts-th row from row `part`):
-// for the persistent kernels, which have a warp to spare, so that no launch follows them. `own`: the owned range
-// where the caller knows it (ragged; else it is read here). Padded, the lanes test 32 rows at once.
+// for the persistent kernels, which have a warp to spare, so that no launch follows them. Ragged, the rows outside
+// `own`, the owned range, which the caller knows; padded (`own` unread), the lanes test 32 rows at once.
 template <typename T>
-__device__ __forceinline__ void zero_unowned_rows_warp(const AttentionArgs& a, int row_elems, const OwnedRows* own,
-                                                       int part, int parts) {
+__device__ __forceinline__ void zero_unowned_rows_warp(const AttentionArgs& a, int row_elems, OwnedRows own, int part,
+                                                       int parts) {
   const int lane = threadIdx.x & 31;
-  const int T_ = a.total_rows, G = parts;
+  const int T_ = a.total_rows;
   if (a.q_mode == kQPadded) {
-    for (int64_t base = part; base < T_; base += 32 * G) {
-      const int64_t t = base + lane * G;
-      bool unowned = false;
-      if (t < T_) {
-        const int ti = static_cast<int>(t);
-        unowned = ti % a.seq_rows >= iclamp(a.valid_lengths[ti / a.seq_rows], 0, a.seq_rows);
-      }
+    for (int64_t base = part; base < T_; base += 32 * parts) {
+      const int64_t t = base + lane * parts;
+      const bool unowned = t < T_ && !row_owned(a, static_cast<int>(t));
       for (uint32_t m = __ballot_sync(0xffffffff, unowned); m != 0; m &= m - 1)
-        zero_out_row<T>(a, row_elems, base + (__ffs(m) - 1) * G, lane, 32);
+        zero_out_row<T>(a, row_elems, base + (__ffs(m) - 1) * parts, lane, 32);
     }
     return;
   }
-  const OwnedRows o = own != nullptr ? *own : owned_rows(a);
-  const int lo = static_cast<int>(o.lo), hi = static_cast<int>(o.hi);  // within [0, T_]
+  const int lo = static_cast<int>(own.lo), hi = static_cast<int>(own.hi);  // within [0, T_]
   const int unowned = lo + (T_ - hi);
-  for (int64_t j = part; j < unowned; j += G) zero_out_row<T>(a, row_elems, j < lo ? j : hi + (j - lo), lane, 32);
+  for (int64_t j = part; j < unowned; j += parts)
+    zero_out_row<T>(a, row_elems, j < lo ? j : hi + (j - lo), lane, 32);
 }
 // The launch of zero_unowned_rows_kernel for a call of total_rows rows (> 0).
 template <typename T>

@@ -366,18 +366,13 @@ __device__ __forceinline__ SeqTile ws_locate(const AttentionArgs& a, const int* 
 template <int BM, typename T>
 __device__ __forceinline__ void ws_zero_unowned_rows(const AttentionArgs& a, const int* order, int row_elems,
                                                      int warp = 0, int warps = 1) {
-  const int part = blockIdx.x * warps + warp, parts = gridDim.x * warps;
-  if (a.q_mode != kQRagged) {
-    zero_unowned_rows_warp<T>(a, row_elems, nullptr, part, parts);
-    return;
-  }
-  OwnedRows own;
+  OwnedRows own{0, 0};  // (padded calls test their rows instead)
   if (ws_table_per_seq(a)) {
     own = OwnedRows{order[kWsOrderEff], order[kWsOrderEff + a.batch]};
-  } else {
+  } else if (a.q_mode == kQRagged) {
     own = OwnedRows{order[kWsOrderChunkEff], ws_locate<BM>(a, order, order[4]).pos0};
   }
-  zero_unowned_rows_warp<T>(a, row_elems, &own, part, parts);
+  zero_unowned_rows_warp<T>(a, row_elems, own, blockIdx.x * warps + warp, gridDim.x * warps);
 }
 
 }  // namespace cuda
