@@ -555,28 +555,17 @@ def test_cuda_unowned_rows_past_the_zeroing_grid(kernel, monkeypatch):
     rng = np.random.default_rng(77)
     hkv, group, d = 2, 4, 128
     h = hkv * group
-    n, nk = [200, 1, 130], [230, 5, 130]
-    lead, tail = 1100, 900
-    qo = np.concatenate([[lead], lead + np.cumsum(n)]).astype(np.int32)
-    ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
-    T = int(qo[-1]) + tail
-    q = rand(rng, (T, h, d), jnp.bfloat16)
-    k = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
-    v = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
     f = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str="causal", implementation="native"))
-    got = run_on_poisoned_output(f, (q, k, v, qo, ko), (T, h, d), lead, tail)
-    assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str="causal"), budget_for(jnp.bfloat16))
-    # 140 sequences: past the persistent kernels' table entries per sequence (their owned range found otherwise)
-    n = [int(x) for x in rng.integers(1, 20, 140)]
-    lead, tail = 300, 200
-    qo = np.concatenate([[lead], lead + np.cumsum(n)]).astype(np.int32)
-    ko = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
-    T = int(qo[-1]) + tail
-    q = rand(rng, (T, h, d), jnp.bfloat16)
-    k = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
-    v = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
-    got = run_on_poisoned_output(f, (q, k, v, qo, ko), (T, h, d), lead, tail)
-    assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str="causal"), budget_for(jnp.bfloat16))
+    n140 = [int(x) for x in rng.integers(1, 20, 140)]  # past the persistent kernels' table entries per sequence
+    for n, nk, lead, tail in (([200, 1, 130], [230, 5, 130], 1100, 900), (n140, n140, 300, 200)):
+        qo = np.concatenate([[lead], lead + np.cumsum(n)]).astype(np.int32)
+        ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
+        T = int(qo[-1]) + tail
+        q = rand(rng, (T, h, d), jnp.bfloat16)
+        k = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
+        v = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
+        got = run_on_poisoned_output(f, (q, k, v, qo, ko), (T, h, d), lead, tail)
+        assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str="causal"), budget_for(jnp.bfloat16))
     s = 700
     vl = np.array([5, 700, 0], np.int32)
     qp = rand(rng, (3, s, h, d), jnp.bfloat16)
