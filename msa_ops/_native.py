@@ -21,6 +21,7 @@ __all__ = [
     "TARGETS",
     "available",
     "info",
+    "launch_counts",
     "library_dir_candidates",
     "missing_reason",
     "registered_targets",
@@ -251,6 +252,27 @@ def registered_targets(platform: str) -> list[str]:
         return []
     available(p)
     return list(_state[p].registered)
+
+
+def launch_counts() -> dict[str, int] | None:
+    """How many times the CUDA library has launched each of its attention kernels in this process, by kind
+    (``mma``, ``sm90_ws``, ``msa_decode``, ...; kernels/cuda/attention.cuh's LaunchKind), or None when the CUDA
+    library is not loaded or predates the count. A launch counts when its FFI handler issues it, so a call
+    captured in a CUDA graph counts once, when it is recorded. Tests compare two readings around a freshly
+    compiled call to see which kernel served it."""
+    if not available("cuda"):
+        return None
+    lib = _state["cuda"].handle
+    names = _c_string(lib, "msa_ops_cuda_launch_names")
+    if names is None or not hasattr(lib, "msa_ops_cuda_launch_counts"):
+        return None
+    kinds = names.split(",")
+    buf = (ctypes.c_ulonglong * len(kinds))()
+    fn = lib.msa_ops_cuda_launch_counts
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+    fn(buf, len(kinds))
+    return {k: int(buf[i]) for i, k in enumerate(kinds)}
 
 
 def _peek(path: Path) -> tuple[str | None, str | None]:

@@ -33,13 +33,31 @@ def nan_past_keys(cache, cache_lens, ns, page, layer=1):
     return kv_blocks
 
 
-def run_on_poisoned_output(f, args, shape, lead, tail):
+def launched(f, *args):
+    """(f(*args) as float32 numpy, the kinds of kernel the call launched): msa_ops._native.launch_counts read
+    before and after it. (A jitted function of one op runs its handler at every call: XLA puts graphs that small
+    into no command buffer.)"""
+    before = _native.launch_counts()
+    assert before is not None, "the CUDA library does not count its launches (stale build?)"
+    got = np.asarray(f(*args), np.float32)
+    after = _native.launch_counts()
+    return got, {k for k, n in after.items() if n > before[k]}
+
+
+def assert_served(kinds, want):
+    assert want in kinds, f"expected the {want} kernel to serve the call; launched: {sorted(kinds)}"
+
+
+def run_on_poisoned_output(f, args, shape, lead, tail, served=None):
     """f(*args) once to compile it (its temporaries freed), then again after an array of the output's size filled
-    with NaN was freed, so rows that nobody writes show up; the first `lead` and last `tail` rows must be 0."""
+    with NaN was freed, so rows that nobody writes show up; the first `lead` and last `tail` rows must be 0. With
+    `served`, that kind of kernel (launch_counts) must be among the second call's launches."""
     jax.block_until_ready(f(*args))
     poison = jnp.full(shape, jnp.nan, jnp.bfloat16).block_until_ready()
     del poison
-    got = np.asarray(f(*args), np.float32)
+    got, kinds = launched(f, *args)
+    if served is not None:
+        assert_served(kinds, served)
     assert np.all(got[:lead] == 0) and np.all(got[shape[0] - tail:] == 0)
     return got
 
@@ -200,6 +218,17 @@ def use_128_row_kernel(monkeypatch, kernel):
 KERNELS_128 = ["wgmma_ws", "wgmma_pair", "wgmma", "mma_sync"]
 
 
+def kind_128(kernel, group, ragged=True, page=16):
+    """The launch kind (launch_counts) that serves a 128-row-tile call under use_128_row_kernel(kernel): the pair
+    kernel takes ragged calls whose group divides 64, the 128-row items the rest; pages under 8 keys or not a power
+    of two have no TMA boxes, so mma.sync serves them."""
+    if kernel == "mma_sync" or page < 8 or page & (page - 1):
+        return "mma"
+    if kernel == "wgmma":
+        return "sm90_cta"
+    return "sm90_pair" if kernel == "wgmma_pair" and ragged and 64 % group == 0 else "sm90_ws"
+
+
 @pytest.mark.parametrize("kernel", KERNELS_128)
 @pytest.mark.parametrize("case", _tile128_cases(), ids=lambda c: f"{c['seed']}-{c['scenario']}-{c['mask']}")
 def test_cuda_mha_128_row_tiles_match_oracle(case, kernel, monkeypatch):
@@ -225,8 +254,10 @@ def test_cuda_mha_128_row_tiles_match_oracle(case, kernel, monkeypatch):
     kw = dict(mask_str=case["mask"], local_window_size=case["window"])
     plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=case["np_"], max_prompt_length=1024, **kw)
     assert plan.tile_m == 128
-    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=case["np_"],
-                                                      implementation="native", max_prompt_length=1024, **kw))(*args)
+    got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_ragged_paged(
+        *a, sink_weights=sink, num_partitions=case["np_"], implementation="native", max_prompt_length=1024, **kw)),
+        *args)
+    assert_served(kinds, kind_128(kernel, case["group"], page=page))
     want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
     assert_close(got, want, budget_for(case["dtype"]))
 
@@ -316,7 +347,8 @@ def test_cuda_split_k_cluster_merge_and_combine(merge, monkeypatch):
         assert plan.tile_m == 8 and plan.num_partitions == np_
         f = jax.jit(lambda *a, np_=np_: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=np_,
                                                                  max_prompt_length=1, implementation="native", **kw))
-        got = run_on_poisoned_output(f, args, (T, h, d), lead, tail)
+        got = run_on_poisoned_output(f, args, (T, h, d), lead, tail,
+                                     served="mma_cluster" if np_ == 2 and merge == "1" else "combine")
         assert_close(got, want, budget_for(jnp.bfloat16))
     cache2 = [3040, 17]  # 3041 keys in 48 partitions of 64 (the last 33), and a short sequence
     pc2 = make_paged_cache(rng, [c + 1 for c in cache2], page_size=64, max_pages=48, n_kv_heads=hkv, head_dim=d,
@@ -331,8 +363,9 @@ def test_cuda_split_k_cluster_merge_and_combine(merge, monkeypatch):
         margs = (mq, batch.offsets, None, mc.kv_blocks, batch.cache_lengths, mc.lut, 1, ids)
         mwant = oracle.msa_attention_ragged_paged(*margs)
         for np_ in (2, 8):
-            got = jax.jit(lambda *a, np_=np_: msa_ops.msa_attention_ragged_paged(
-                *a, num_partitions=np_, implementation="native"), static_argnums=2)(*margs)
+            got, kinds = launched(jax.jit(lambda *a, np_=np_: msa_ops.msa_attention_ragged_paged(
+                *a, num_partitions=np_, implementation="native"), static_argnums=2), *margs)
+            assert_served(kinds, "msa_decode_cluster" if np_ == 2 and merge == "1" else "combine")
             assert_close(got, mwant, budget_for(dtype))
 
 
@@ -529,7 +562,9 @@ def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
     ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
     kw = dict(mask_str=mask, local_window_size=70)
     # (no plan for these ops: the handler takes the 128-row tile when some sequence may hold 128 / group tokens)
-    got = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, implementation="native", **kw))(q, k, v, qo, ko)
+    got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, implementation="native", **kw)),
+                          q, k, v, qo, ko)
+    assert_served(kinds, kind_128(kernel, group, page=128))
     assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, **kw), budget_for(dtype))
     s, sk = 150, 260
     vl = np.array([150, 0, 97, 131], np.int32)
@@ -539,7 +574,9 @@ def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
     for b in range(4):
         kp[b, vl[b]:] = np.nan
         vp[b, vl[b]:] = np.nan
-    got = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, implementation="native", **kw))(qp, kp, vp, vl)
+    got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, implementation="native", **kw)),
+                          qp, kp, vp, vl)
+    assert_served(kinds, kind_128(kernel, group, ragged=False, page=128))
     assert_close(got, oracle.mha_padded_no_cache(qp, kp, vp, vl, **kw), budget_for(dtype))
 
 
@@ -564,7 +601,8 @@ def test_cuda_unowned_rows_past_the_zeroing_grid(kernel, monkeypatch):
         q = rand(rng, (T, h, d), jnp.bfloat16)
         k = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
         v = rand(rng, (int(ko[-1]), hkv, d), jnp.bfloat16)
-        got = run_on_poisoned_output(f, (q, k, v, qo, ko), (T, h, d), lead, tail)
+        got = run_on_poisoned_output(f, (q, k, v, qo, ko), (T, h, d), lead, tail,
+                                     served=kind_128(kernel, group, page=128))
         assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str="causal"), budget_for(jnp.bfloat16))
     s = 700
     vl = np.array([5, 700, 0], np.int32)
@@ -572,7 +610,8 @@ def test_cuda_unowned_rows_past_the_zeroing_grid(kernel, monkeypatch):
     kp = rand(rng, (3, s, hkv, d), jnp.bfloat16)
     vp = rand(rng, (3, s, hkv, d), jnp.bfloat16)
     fp = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, mask_str="causal", implementation="native"))
-    got = run_on_poisoned_output(fp, (qp, kp, vp, vl), (3, s, h, d), 0, 1)
+    got = run_on_poisoned_output(fp, (qp, kp, vp, vl), (3, s, h, d), 0, 1,
+                                 served=kind_128(kernel, group, ragged=False, page=128))
     assert np.all(got[0, 5:] == 0)
     assert_close(got, oracle.mha_padded_no_cache(qp, kp, vp, vl, mask_str="causal"), budget_for(jnp.bfloat16))
 
@@ -620,7 +659,7 @@ def test_cuda_mha_ws_prefill_many_items(case, kernel, monkeypatch):
     assert plan.tile_m == 128
     f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, num_partitions=np_, implementation="native",
                                                     max_prompt_length=1024, **kw))
-    got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, 7)
+    got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, 7, served=kind_128(kernel, group, page=page))
     assert_close(got, oracle.mha_ragged_paged(*args, **kw), budget_for(dtype))
 
 
@@ -660,7 +699,7 @@ def test_cuda_mha_128_row_tiles_many_sequences(kernel, nseq, monkeypatch):
     assert plan.tile_m == 128
     f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, implementation="native", max_prompt_length=2048,
                                                     mask_str="causal"))
-    got = run_on_poisoned_output(f, args, (T, hkv * group, d), 5, 7)
+    got = run_on_poisoned_output(f, args, (T, hkv * group, d), 5, 7, served=kind_128(kernel, group, page=page))
     assert_close(got, oracle.mha_ragged_paged(*args, mask_str="causal"), budget_for(jnp.bfloat16))
 
 
@@ -972,10 +1011,12 @@ def test_cuda_msa_prefill_kernel(case, ws, monkeypatch):
     args, f = _msa_prefill_call(rng, pattern, group, topk, n, cache_len, max_pages, pad)
     want = oracle.msa_attention_ragged_paged(*args)
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
-    tiled = np.asarray(f(*args), np.float32)
+    tiled, kinds = launched(f, *args)
+    assert_served(kinds, "msa_prefill_ws" if ws == "1" and 128 % group == 0 else "msa_prefill_cta")
     assert_close(tiled, want, budget_for(jnp.bfloat16))
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "0")  # the per-token kernel, on the same call
-    per_token = np.asarray(f(*args), np.float32)
+    per_token, kinds = launched(f, *args)
+    assert_served(kinds, "msa_decode")
     assert_close(per_token, want, budget_for(jnp.bfloat16))
     if pattern == "blocks":  # two different kernels ran (their summation orders differ)
         assert not np.array_equal(tiled, per_token)
@@ -1005,7 +1046,8 @@ def test_cuda_msa_prefill_item_order(case, monkeypatch):
     rng = np.random.default_rng(len(n) + topk)
     max_pages = max(-(-(c + m) // 128) for c, m in zip(cache_len, n))
     args, f = _msa_prefill_call(rng, "blocks", 8, topk, n, cache_len, max_pages, 3, hkv=hkv, layers=layers)
-    got = np.asarray(f(*args), np.float32)
+    got, kinds = launched(f, *args)
+    assert_served(kinds, "msa_prefill_ws")
     assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
 
 
@@ -1039,7 +1081,8 @@ def test_cuda_msa_prefill_unowned_rows_are_zero(n_seq, ws, monkeypatch):
     plan = msa_ops.plan("mo.msa.attention.ragged.paged", q, offs, cro, *args[3:])
     assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)
     f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
-    got = run_on_poisoned_output(f, args, (T, hkv * group, 128), lead, tail)
+    got = run_on_poisoned_output(f, args, (T, hkv * group, 128), lead, tail,
+                                 served="msa_prefill_ws" if ws == "1" else "msa_prefill_cta")
     assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
 
 

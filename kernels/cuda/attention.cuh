@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +28,29 @@
 
 namespace msa_ops {
 namespace cuda {
+
+// Host: how many times each attention kernel was launched in this process, by kind, so that a caller (the GPU
+// tests) can tell which kernel served a call (msa_ops_cuda_launch_counts; msa_ops._native.launch_counts). A launch
+// counts when its handler issues it: a call captured in a CUDA graph counts once, when it is recorded.
+enum LaunchKind : int {
+  kLaunchMma = 0,           // attention_kernel (mma.sync)
+  kLaunchMmaCluster,        // attention_kernel, its split-K partitions merged in a cluster
+  kLaunchSm90Cta,           // attention_sm90_kernel (warpgroup MMA, one CTA per tile)
+  kLaunchSm90Ws,            // attention_ws_sm90_kernel (persistent, 128-row items)
+  kLaunchSm90Pair,          // attention_ws_pair_sm90_kernel (persistent, 64-row items)
+  kLaunchCombine,           // split_k_combine_kernel
+  kLaunchZeroRows,          // zero_unowned_rows_kernel
+  kLaunchMsaDecode,         // msa_attention_kernel
+  kLaunchMsaDecodeCluster,  // msa_attention_kernel, its split-K partitions merged in a cluster
+  kLaunchMsaPrefillCta,     // msa_prefill_sm90_kernel
+  kLaunchMsaPrefillWs,      // msa_prefill_ws_sm90_kernel
+  kLaunchKinds
+};
+inline constexpr char kLaunchNames[] =
+    "mma,mma_cluster,sm90_cta,sm90_ws,sm90_pair,combine,zero_rows,msa_decode,msa_decode_cluster,msa_prefill_cta,"
+    "msa_prefill_ws";
+inline std::atomic<unsigned long long> g_launch_counts[kLaunchKinds];
+inline void note_launch(LaunchKind k) { g_launch_counts[k].fetch_add(1, std::memory_order_relaxed); }
 
 enum KvMode : int { kKvPaged = 0, kKvRagged = 1, kKvPadded = 2 };
 enum QMode : int { kQRagged = 0, kQPadded = 1 };
@@ -1551,6 +1575,7 @@ __device__ __forceinline__ void zero_unowned_rows_warp(const AttentionArgs& a, i
 template <typename T>
 void launch_zero_unowned_rows(const AttentionArgs& a, int row_elems, cudaStream_t stream) {
   const int blocks = static_cast<int>(imin(a.total_rows, static_cast<int64_t>(kZeroRowsBlocks)));
+  note_launch(kLaunchZeroRows);
   zero_unowned_rows_kernel<T><<<blocks, 128, 0, stream>>>(a, row_elems);
 }
 

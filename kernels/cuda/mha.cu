@@ -112,16 +112,19 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 &&
           make_dense_q_map<T, D>(a, &qmap, DenseWsPair<D>::kBlockM) &&
           make_sm90_kv<T, D>(a, &kv_pair, DenseWsPair<D>::kBlockN)) {
+        note_launch(kLaunchSm90Pair);
         launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc, kv_pair,
                   pair_items, static_cast<int>(pair_tiles));
         zeroed = a.num_partitions <= 1;
       } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
+        note_launch(kLaunchSm90Ws);
         launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, kv, items, grid_x);
         zeroed = a.num_partitions <= 1;
       } else {
         using C90 = Sm90Config<T, D>;
         auto kernel = attention_sm90_kernel<T, D>;
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C90::kSmemAlloc);
+        note_launch(kLaunchSm90Cta);
         kernel<<<grid, C90::kThreads, C90::kSmemAlloc, stream>>>(a, kv);
       }
       if (Error e = check_launch(target); e.failure()) return e;
@@ -149,22 +152,26 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
         kernel = attention_kernel<T, D, BM, STAGES, false, true>;
         clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true, true>, a.num_partitions, g,
                                          Cfg::kSmemBytes, stream, /*waits=*/false, a);
+        if (clustered) note_launch(kLaunchMmaCluster);
       }
     }
     if (!clustered) {
       if (a.num_partitions > 1) g = tiles(grid_x);  // (split: no spare tiles)
       // Attribute set per launch (cheap, idempotent, no synchronization).
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+      note_launch(kLaunchMma);
       kernel<<<g, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     }
     if (Error e = check_launch(target); e.failure()) return e;
     zeroed = a.q_mode != kQPadded && (a.num_partitions <= 1 || clustered);
   }
   if (a.total_rows > 0 && !zeroed) {
-    if (a.num_partitions > 1 && !clustered)
+    if (a.num_partitions > 1 && !clustered) {
+      note_launch(kLaunchCombine);
       split_k_combine_kernel<T, D><<<dim3(a.total_rows, a.H), D, 0, stream>>>(a);
-    else
+    } else {
       launch_zero_unowned_rows<T>(a, a.H * D, stream);
+    }
     return check_launch(target);
   }
   return Error::Success();
@@ -382,6 +389,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_ragged_no_cache, msa_ops::cuda::MhaRag
 XLA_FFI_DEFINE_HANDLER_SYMBOL(msa_ops_mha_padded_no_cache, msa_ops::cuda::MhaPaddedNoCache,
                               MSA_OPS_SIG_MHA_PADDED_NO_CACHE(msa_ops::ffi::Ffi::Bind().Ctx<msa_ops::ffi::PlatformStream<cudaStream_t>>()),
                               {msa_ops::ffi::Traits::kCmdBufferCompatible});
+
+// The launches of each kernel kind so far in this process (attention.cuh's LaunchKind): writes the first n counts
+// into out and returns how many kinds there are.
+extern "C" __attribute__((visibility("default"))) int msa_ops_cuda_launch_counts(unsigned long long* out, int n) {
+  for (int k = 0; k < n && k < msa_ops::cuda::kLaunchKinds; ++k)
+    out[k] = msa_ops::cuda::g_launch_counts[k].load(std::memory_order_relaxed);
+  return msa_ops::cuda::kLaunchKinds;
+}
+// The kinds' names, comma-separated, in LaunchKind order.
+extern "C" __attribute__((visibility("default"))) const char* msa_ops_cuda_launch_names() {
+  return msa_ops::cuda::kLaunchNames;
+}
 
 #if defined(MSA_OPS_WS_STAMPS)
 // Profiling builds: copies the persistent prefill kernel's phase stamps (ws_sm90.cuh) into `out`

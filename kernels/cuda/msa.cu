@@ -751,12 +751,14 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       const int sms = device_sm_count();  // persistent: one CTA per SM (or per work item when there are fewer)
       const int grid = static_cast<int>(ws_items < sms ? ws_items : sms);
       auto kernel = msa_prefill_ws_sm90_kernel;
+      note_launch(kLaunchMsaPrefillWs);
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillWs::kSmemAlloc);
       kernel<<<grid, MsaPrefillWs::kThreads, MsaPrefillWs::kSmemAlloc, stream>>>(a, kv, qmap, m.d_indices, m.topk,
                                                                                 static_cast<int>(tiles_x));
       zeroed = true;
     } else {
       auto kernel = msa_prefill_sm90_kernel;
+      note_launch(kLaunchMsaPrefillCta);
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MsaPrefillSm90::kSmemAlloc);
       kernel<<<dim3(static_cast<int>(tiles_x), m.Hkv), MsaPrefillSm90::kThreads, MsaPrefillSm90::kSmemAlloc,
                stream>>>(a, kv, m.d_indices, m.topk);
@@ -770,9 +772,11 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     if (m.group <= 8)
       clustered = launch_cluster_merge(msa_attention_kernel<KV, true, true>, m.num_partitions, grid, S::kBytesTotal,
                                        stream, /*waits=*/true, m);
+    if (clustered) note_launch(kLaunchMsaDecodeCluster);
     if (!clustered) {
       auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
+      note_launch(kLaunchMsaDecode);
       launch_pdl(kernel, grid, dim3(kThreads), S::kBytesTotal, stream, m);
     }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
@@ -785,10 +789,12 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     if (cudaError_t e = cudaMemsetAsync(m.out, 0, static_cast<size_t>(m.T) * m.H * kD * 2, stream); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": memset failed: " + cudaGetErrorString(e));
   } else if (m.T > 0 && ((m.num_partitions > 1 && !clustered) || (prefill && !zeroed))) {
-    if (m.num_partitions > 1)
+    if (m.num_partitions > 1) {
+      note_launch(kLaunchCombine);
       split_k_combine_kernel<__nv_bfloat16, kD><<<dim3(m.T, m.H), kD, 0, stream>>>(a);
-    else
+    } else {
       launch_zero_unowned_rows<__nv_bfloat16>(a, m.H * kD, stream);
+    }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": epilogue launch failed: " + cudaGetErrorString(e));
   }
