@@ -106,12 +106,14 @@ def msa_attention_ragged_paged(
     ``d_indices[Hkv, T, topk]`` are logical 128-token block numbers of the row's sequence (block j = tokens
     ``[128j, 128j+128)``, page ``kv_lookup_table[b, j]``), shared by the ``H // Hkv`` query heads of a kv
     head; -1, repeats and ids past the sequence are ignored. Exact softmax over the selected blocks' keys
-    with ``k <= position``. Returns bf16 ``[T, H, 128]``. ``cache_row_offsets`` may be None (it is derived
-    when given to MAX; here its values are not needed).
+    with ``k <= position``. Returns bf16 ``[T, H, 128]``. ``cache_row_offsets`` may be None: no implementation
+    reads its values (docs/SEMANTICS.md §7), so nothing computes it; ``input_row_offsets`` (same shape) fills the
+    operand, after both operands it would be derived from are checked.
     """
     if cache_row_offsets is None:
-        cache_row_offsets = derive_cache_row_offsets("mo.msa.attention.ragged.paged", input_row_offsets,
-                                                     cache_lengths)
+        check_operands("mo.msa.attention.ragged.paged",
+                       {"input_row_offsets": input_row_offsets, "cache_lengths": cache_lengths})
+        cache_row_offsets = input_row_offsets
     return call("mo.msa.attention.ragged.paged", q, input_row_offsets, cache_row_offsets, kv_blocks,
                 cache_lengths, kv_lookup_table, layer_idx, d_indices, scale=scale,
                 num_partitions=num_partitions, implementation=implementation, **hints)
@@ -153,9 +155,3 @@ def kv_cache_row_offsets_ragged_paged(
     (``mo.kv_cache.row_offsets.ragged.paged``)."""
     return call("mo.kv_cache.row_offsets.ragged.paged", input_row_offsets, cache_lengths,
                 implementation=implementation)
-
-
-def derive_cache_row_offsets(op: str, input_row_offsets: Any, cache_lengths: Any) -> Array:
-    """``cache_row_offsets`` for an op that may omit it; operand errors are reported under ``op``."""
-    check_operands(op, {"input_row_offsets": input_row_offsets, "cache_lengths": cache_lengths})
-    return kv_cache_row_offsets_ragged_paged(input_row_offsets, cache_lengths, implementation="reference")

@@ -200,11 +200,13 @@ Error MhaRaggedPaged(AnyBuffer q, AnyBuffer offsets, AnyBuffer kv, AnyBuffer cac
   if (block_n < 1) return invalid(target, "block_n: expected >= 1");
   MhaProblem pr = make_problem(q, H, D, mask, window, scale, block_n);
   if (auto e = setup_paged(target, pr, q, kv, B, cache_lengths, table, layer); e.failure()) return e;
-  if (sink.element_type() != q.element_type() || static_cast<int64_t>(sink.element_count()) != H)
+  // Without sinks the operand only fills its slot (the lowering passes q): neither checked nor read.
+  if (has_sink && (sink.element_type() != q.element_type() || static_cast<int64_t>(sink.element_count()) != H))
     return invalid(target, "sink_weights: expected q's dtype and shape [" + std::to_string(H) + "], got " + dims_str(sink));
   if (auto e = setup_output(target, pr.out, pr.dtype, q, out, ws_o, ws_lse, T, H, D, num_partitions); e.failure()) return e;
   std::vector<float> sink2(H);
-  for (int64_t h = 0; h < H; ++h) sink2[h] = sink_log2(load_float(sink.element_type(), sink.untyped_data(), h));
+  for (int64_t h = 0; h < H && has_sink; ++h)
+    sink2[h] = sink_log2(load_float(sink.element_type(), sink.untyped_data(), h));
   pr.out.has_sink = has_sink != 0;
   pr.out.sink2 = sink2.data();
 

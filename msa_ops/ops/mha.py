@@ -161,7 +161,7 @@ def _ragged_paged_native(op: str):
         )
         has_sink = sink is not None
         if sink is None:
-            sink = jnp.zeros((h,), q.dtype)
+            sink = q  # fills the operand slot: read only with has_sink (a zeros array cost a kernel per graph)
         call = jax.ffi.ffi_call("msa_ops_mha_ragged_paged", outs)
         return tuple(call(
             q, as_i32(offsets), kv, as_i32(cache_lengths), as_i32(lookup), as_i32(layer_idx), sink,
