@@ -65,7 +65,7 @@ def msa(topks, cache, rng):
         rows, byts, ts = [], [], []
         for topk in (2, 4) + topks:
             ids = gpu_msa.decode_ids(rng, cache // 128, topk)
-            t = bench_in_graph(gpu_msa.msa_call(offs, cl, lut, 1), (q, kv, ids))
+            t = bench_in_graph(gpu_msa.msa_call(1), (q, kv, ids, offs, cl, lut))
             rows.append(f"k{topk} {t * 1e6:.1f}us")
             if topk in topks:
                 byts.append(2 * gpu_msa.B * gpu_msa.HKV * topk * 128 * gpu_msa.D * eb)

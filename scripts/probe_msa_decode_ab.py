@@ -29,8 +29,8 @@ def main():
         # the newest block and topk - 1 random earlier ones per (sequence, kv head)
         for topk in [int(x) for x in args.topk.split(",")]:
             ids = decode_ids(rng, cache // 128, topk)
-            t16 = bench_in_graph(msa_call(offs, cl, lut, npart), (q16, kv16, ids))
-            t8 = bench_in_graph(msa_call(offs, cl, lut, npart), (q8, kv8, ids))
+            t16 = bench_in_graph(msa_call(npart), (q16, kv16, ids, offs, cl, lut))
+            t8 = bench_in_graph(msa_call(npart), (q8, kv8, ids, offs, cl, lut))
             g16 = 2 * B * HKV * topk * 128 * D * 2 / t16 / 1e9
             out.append(f"{cache // 1024}k/k{topk}: bf16 {t16 * 1e6:.1f}us {g16 / cud:.3f}x cuDNN({cud:.0f}) "
                        f"fp8 {t8 * 1e6:.1f}us {t16 / t8:.2f}x")
