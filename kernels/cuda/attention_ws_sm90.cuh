@@ -46,6 +46,7 @@ struct DenseWs {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = D == 64 ? 4 : 2;  // of the K ring and of the V ring
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V tile; also a Q buffer (kBlockM == kBlockN)
+  static constexpr int kQBytes = kTileBytes;
   // shared memory (bytes from the 1024-aligned base)
   static constexpr int kOffQ = 0;                                // 2 buffers
   static constexpr int kOffK = kOffQ + 2 * kTileBytes;           // kStages
@@ -138,6 +139,137 @@ __device__ __forceinline__ void ws_store_staged(const AttentionArgs& a, const Se
     fence_proxy_async();  // this thread's generic accesses to the buffer, before the loader's next TMA into it
   }
 }
+
+// One set of Q buffers and K / V rings with their mbarriers (C: DenseWs or DenseWsPair): the whole shared memory of
+// attention_ws_sm90_kernel, or one pair's part of attention_ws_pair_sm90_kernel's.
+struct WsSet {
+  uint32_t base;     // shared address of the set (Q buffers at C::kOffQ, the K and V rings at C::kOffK, C::kOffV)
+  uint32_t bars;     // the set's first mbarrier (ws_init_bars)
+  uint32_t* mask;    // [C::kStages][4]: each K tile's present keys
+  DenseWsItem* item;  // [2]: the item of each Q buffer
+  __device__ __forceinline__ uint32_t bar(int i) const { return bars + 8 * i; }
+};
+
+// The layer of paged K/V that a loader reads: *a.layer_ptr, or 0 with every page reading as missing (layer_ok false)
+// when it names no layer of the pool.
+__device__ __forceinline__ int ws_layer(const AttentionArgs& a, bool* layer_ok) {
+  int layer = 0;
+  *layer_ok = true;
+  if (a.kv_mode == kKvPaged) {
+    layer = *a.layer_ptr;
+    *layer_ok = layer >= 0 && layer < a.num_layers;
+    if (!*layer_ok) layer = 0;
+  }
+  return layer;
+}
+
+// The loader warp's part of item number qi of its set: once the consumers have released Q buffer qi & 1, the item's
+// place (st, read by the consumers instead of locating it again) and its Q (D/64 TMA boxes of [BM/group tokens][group
+// heads][64]); then its K and V tiles (V one tile behind K) into ring positions gk, gk + 1, ..., each K tile with the
+// mask of its present keys (a page-table entry naming no page of the pool, or keys past the sequence). Returns the
+// number of tiles, by which the ring position advances (0 for a place past the last tile, st.b < 0: its buffer holds
+// no Q). stamp: this warp records the profiling build's loader stamps.
+template <typename T, int D, class C>
+__device__ __forceinline__ int ws_load_item(const AttentionArgs& a, const Sm90Kv& kvm, const CUtensorMap* qmap,
+                                            const WsSet& set, const SeqTile& st, int hkv, int part, int qi, int gk,
+                                            int layer, bool layer_ok, int lane, bool stamp) {
+  constexpr int BM = C::kBlockM, BN = C::kBlockN, S = C::kStages;
+  const int qb = qi & 1;
+  if (lane == 0) {
+    if (stamp) ws_stamp(0, qi, 1);
+    mbar_wait_ws(set.bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
+    if (stamp) ws_stamp(0, qi, 2);
+    set.item[qb] = DenseWsItem{st, hkv, part};  // written before the buffer's full barrier is arrived on
+    if (st.b >= 0) {
+      mbar_expect_tx(set.bar(C::kBarQFull + qb), C::kQBytes);
+      const int tok = st.q_base + st.row0 / a.group;  // row0 is a multiple of BM, and group divides BM
+#pragma unroll
+      for (int h = 0; h < D / 64; ++h)
+        tma_load_4d(set.base + C::kOffQ + qb * C::kQBytes + h * BM * 128, qmap, set.bar(C::kBarQFull + qb), h * 64, 0,
+                    hkv, tok);  // rows past the tensor: zeros
+    } else {
+      mbar_arrive(set.bar(C::kBarQFull + qb));
+    }
+    if (stamp) ws_stamp(0, qi, 3);
+  }
+  if (st.b < 0) return 0;
+  const TileKeys tk = tile_keys<BM, BN>(a, st, part);
+  if (stamp && lane == 0) ws_stamp(0, qi, 4);
+  const bool paged = a.kv_mode == kKvPaged;
+  const int rb = kvm.box_rows;  // key rows per box: one page, or a whole tile
+  const int nbox = BN / rb;
+  const int rb_shift = __ffs(rb) - 1;
+  const int kmax = static_cast<int>(st.kmax);
+  const int32_t* lut_row = paged ? a.lookup + static_cast<int64_t>(st.b) * a.max_pages : nullptr;
+  // Lane i < nbox: the page-table entry of box i of `tile` (-1 past the keys), unchecked (pool_page, at use).
+  auto fetch = [&](int tile) {
+    int32_t e = -1;
+    if (paged && lane < nbox) {
+      const int key = tile * BN + lane * rb;
+      if (key < kmax && layer_ok) e = __ldg(lut_row + (key >> a.page_shift));
+    }
+    return e;
+  };
+  // K (v false) or V of `tile` into ring slot gj % S, once the set's consumers have released it. With K goes the
+  // tile's present-key mask (which the consumers read before they release the slot).
+  auto issue = [&](int tile, int gj, bool v, int32_t entry) {
+    const int stage = gj % S;
+    const uint32_t full = set.bar((v ? C::kBarVFull : C::kBarKFull) + stage);
+    mbar_wait_ws(set.bar((v ? C::kBarVEmpty : C::kBarKEmpty) + stage), ((gj / S) & 1) ^ 1);
+    const int my_page = pool_page(a, entry);
+    const int key0 = tile * BN;
+    if (!v) {
+      const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
+#pragma unroll
+      for (int wd = 0; wd < BN / 32; ++wd) {
+        const int kl = wd * 32 + lane;
+        const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
+        const unsigned bits = __ballot_sync(0xffffffff, ok);
+        if (lane == 0) set.mask[stage * 4 + wd] = bits;
+      }
+    }
+    if (lane == 0) mbar_expect_tx(full, C::kTileBytes);  // release: lane 0's mask words
+    const uint32_t dst = set.base + (v ? C::kOffV : C::kOffK) + stage * C::kTileBytes;
+    const CUtensorMap* map = v ? &kvm.v : &kvm.k;
+    if (paged) {
+      if (lane < nbox) {
+        const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
+        const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h)
+          tma_load_5d(dst + h * BN * 128 + lane * rb * 128, map, full, h * 64, hkv, slot,
+                      (v ? a.num_layers : 0) + layer, blk);
+      }
+    } else if (lane == 0) {
+#pragma unroll
+      for (int h = 0; h < D / 64; ++h)
+        tma_load_3d(dst + h * BN * 128, map, full, h * 64, hkv, st.kv_base + key0);  // past the tensor: zeros
+    }
+  };
+  const int n = tk.num_tiles;
+  int32_t e_cur = n > 0 ? fetch(tk.tile_first) : -1, e_prev = -1;
+  for (int j = 0; j < n; ++j) {
+    const int tile = tk.tile_first + j;
+    const int32_t e_next = j + 1 < n ? fetch(tile + 1) : -1;
+    issue(tile, gk + j, false, e_cur);
+    if (j == 0 && stamp && lane == 0) ws_stamp(0, qi, 5);
+    if (j > 0) issue(tile - 1, gk + j - 1, true, e_prev);
+    e_prev = e_cur;
+    e_cur = e_next;
+  }
+  if (n > 0) issue(tk.tile_first + n - 1, gk + n - 1, true, e_prev);
+  if (stamp && lane == 0) ws_stamp(0, qi, 6);
+  return n;
+}
+
+// A consumer thread's accumulators and scores (declared once, outside the loop over items: ws_consume_item).
+template <int D, int BN>
+struct WsAcc {
+  float o[D / 8 * 4];
+  float s[BN / 8 * 4];
+  uint32_t pf[BN / 16][4];
+  float corr[2];
+};
 #endif
 
 // tiles_x: the host's bound on the query tiles of the call (locate_tile's numbering); the items are the tiles
@@ -173,17 +305,9 @@ __global__ void __launch_bounds__(384, 1)
     setmaxnreg_dec<C::kProducerRegs>();
     if (warp != 0) return;
     // ------------------------------------------------------------------ loader (warp 0)
-    const bool paged = a.kv_mode == kKvPaged;
-    int layer = 0;
+    const WsSet set{s0, sBar, sMask, sItem};
     bool layer_ok = true;
-    if (paged) {
-      layer = *a.layer_ptr;
-      layer_ok = layer >= 0 && layer < a.num_layers;
-      if (!layer_ok) layer = 0;  // every page then reads as missing
-    }
-    const int rb = kvm.box_rows;  // key rows per box: one page, or a whole tile
-    const int nbox = BN / rb;
-    const int rb_shift = __ffs(rb) - 1;
+    const int layer = ws_layer(a, &layer_ok);
     int gk = 0, qi = 0;  // tiles and items seen
     for (int r = 0;; ++r) {
       const int w = ws_walk(r);
@@ -191,91 +315,9 @@ __global__ void __launch_bounds__(384, 1)
       if (lane == 0) ws_stamp(0, qi, 0);  // loader stamps: item start, placed, Q buffer free, Q issued,
       const WsItem it = ws_item(sOrder, w, per_tile);  // key range known, K 0 issued, all issued
       if (it.x_tile < 0) continue;
-      const int hkv = it.sub % a.Hkv, part = it.sub / a.Hkv;
       const SeqTile st = ws_locate<BM>(a, sOrder, it.x_tile);
-      const int qb = qi & 1;
-      if (lane == 0) {
-        ws_stamp(0, qi, 1);
-        mbar_wait_ws(bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
-        ws_stamp(0, qi, 2);
-        sItem[qb] = DenseWsItem{st, hkv, part};  // written before the buffer's full barrier is arrived on
-        if (st.b >= 0) {
-          mbar_expect_tx(bar(C::kBarQFull + qb), C::kTileBytes);
-          const int tok = st.q_base + st.row0 / a.group;  // row0 is a multiple of 128, and group divides 128
-#pragma unroll
-          for (int h = 0; h < D / 64; ++h)
-            tma_load_4d(s0 + C::kOffQ + qb * C::kTileBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb), h * 64, 0,
-                        hkv, tok);  // rows past the tensor: zeros
-        } else {
-          mbar_arrive(bar(C::kBarQFull + qb));
-        }
-        ws_stamp(0, qi, 3);
-      }
-      const int nth = qi++;  // this item's Q buffer hand-over
-      if (st.b < 0) continue;
-      const TileKeys tk = tile_keys<BM, BN>(a, st, part);
-      if (lane == 0) ws_stamp(0, nth, 4);
-      const int kmax = static_cast<int>(st.kmax);
-      const int32_t* lut_row = paged ? a.lookup + static_cast<int64_t>(st.b) * a.max_pages : nullptr;
-      // Lane i < nbox: the page-table entry of box i of `tile` (-1 past the keys), unchecked (pool_page, at use).
-      auto fetch = [&](int tile) {
-        int32_t p = -1;
-        if (paged && lane < nbox) {
-          const int key = tile * BN + lane * rb;
-          if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
-        }
-        return p;
-      };
-      // K (v false) or V of `tile` into ring slot gj % S, once both consumer warpgroups have released it. With K
-      // goes the tile's present-key mask (which the consumers read before they release the slot).
-      auto issue = [&](int tile, int gj, bool v, int32_t entry) {
-        const int stage = gj % S;
-        const uint32_t full = bar((v ? C::kBarVFull : C::kBarKFull) + stage);
-        mbar_wait_ws(bar((v ? C::kBarVEmpty : C::kBarKEmpty) + stage), ((gj / S) & 1) ^ 1);
-        const int my_page = pool_page(a, entry);
-        const int key0 = tile * BN;
-        if (!v) {
-          const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
-#pragma unroll
-          for (int wd = 0; wd < BN / 32; ++wd) {
-            const int kl = wd * 32 + lane;
-            const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
-            const unsigned bits = __ballot_sync(0xffffffff, ok);
-            if (lane == 0) sMask[stage * 4 + wd] = bits;
-          }
-        }
-        if (lane == 0) mbar_expect_tx(full, C::kTileBytes);  // release: lane 0's mask words
-        const uint32_t dst = s0 + (v ? C::kOffV : C::kOffK) + stage * C::kTileBytes;
-        const CUtensorMap* map = v ? &kvm.v : &kvm.k;
-        if (paged) {
-          if (lane < nbox) {
-            const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
-            const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
-#pragma unroll
-            for (int h = 0; h < D / 64; ++h)
-              tma_load_5d(dst + h * BN * 128 + lane * rb * 128, map, full, h * 64, hkv, slot,
-                          (v ? a.num_layers : 0) + layer, blk);
-          }
-        } else if (lane == 0) {
-#pragma unroll
-          for (int h = 0; h < D / 64; ++h)
-            tma_load_3d(dst + h * BN * 128, map, full, h * 64, hkv, st.kv_base + key0);  // past the tensor: zeros
-        }
-      };
-      const int n = tk.num_tiles;
-      int32_t e_cur = n > 0 ? fetch(tk.tile_first) : -1, e_prev = -1;
-      for (int j = 0; j < n; ++j) {
-        const int tile = tk.tile_first + j;
-        const int32_t e_next = j + 1 < n ? fetch(tile + 1) : -1;
-        issue(tile, gk + j, false, e_cur);
-        if (j == 0 && lane == 0) ws_stamp(0, nth, 5);
-        if (j > 0) issue(tile - 1, gk + j - 1, true, e_prev);
-        e_prev = e_cur;
-        e_cur = e_next;
-      }
-      if (n > 0) issue(tk.tile_first + n - 1, gk + n - 1, true, e_prev);
-      if (lane == 0) ws_stamp(0, nth, 6);
-      gk += n;
+      gk += ws_load_item<T, D, C>(a, kvm, &qmap, set, st, it.sub % a.Hkv, it.sub / a.Hkv, qi++, gk, layer, layer_ok,
+                                  lane, true);
     }
     if (a.num_partitions <= 1) ws_zero_unowned_rows<BM, T>(a, sOrder, a.H * D);
   } else {
@@ -440,7 +482,9 @@ __global__ void __launch_bounds__(384, 1)
 // shared memory of one 128-row CTA. Still, a pair's long item streams its keys through half the ring bytes that
 // the 128-row kernel's two warpgroups share: mha.cu takes this kernel for calls whose sequences are short on
 // average (or as MSA_OPS_DENSE_WS_PAIR says), the 128-row kernel for the others. The two loaders zero the rows no
-// sequence owns after their walks, as the loader does there.
+// sequence owns after their walks, as the loader does there. Both kernels' loaders run ws_load_item; each kernel's
+// consumers keep their own copy of the per-item code: behind a shared function, ptxas laid out this kernel's consumer
+// differently and it ran 5% slower at S=64 (benchmarks/NOTES_mha.md v43).
 template <int D>
 struct DenseWsPair {
   static constexpr int kThreads = 384;
@@ -503,22 +547,11 @@ __global__ void __launch_bounds__(384, 1)
     if (warp >= 2) return;
     // ------------------------------------------------------------------ loader of pair p (warp p)
     const int p = warp;
-    const uint32_t pb = s0 + p * C::kPairBytes;
-    const uint32_t bars = s0 + C::kOffBar + 8 * p * C::kBarsPair;
-    auto bar = [&](int i) { return bars + 8 * i; };
-    uint32_t* sMask = reinterpret_cast<uint32_t*>(sbase + C::kOffMask) + p * S * 4;
-    DenseWsItem* sItem = reinterpret_cast<DenseWsItem*>(sbase + C::kOffItem) + 2 * p;
-    const bool paged = a.kv_mode == kKvPaged;
-    int layer = 0;
+    const WsSet set{s0 + p * C::kPairBytes, s0 + C::kOffBar + 8 * p * C::kBarsPair,
+                    reinterpret_cast<uint32_t*>(sbase + C::kOffMask) + p * S * 4,
+                    reinterpret_cast<DenseWsItem*>(sbase + C::kOffItem) + 2 * p};
     bool layer_ok = true;
-    if (paged) {
-      layer = *a.layer_ptr;
-      layer_ok = layer >= 0 && layer < a.num_layers;
-      if (!layer_ok) layer = 0;  // every page then reads as missing
-    }
-    const int rb = kvm.box_rows;  // key rows per box: one page, or a whole tile
-    const int nbox = BN / rb;
-    const int rb_shift = __ffs(rb) - 1;
+    const int layer = ws_layer(a, &layer_ok);
     int gk = 0, qi = 0;  // tiles and items of this pair
     for (int r = p;; r += 2) {
       const int w = ws_walk(r);
@@ -527,89 +560,8 @@ __global__ void __launch_bounds__(384, 1)
       const WsItem it = ws_item(sOrder, w, per_tile);
       if (it.x_tile < 0) continue;
       const SeqTile st = ws_locate<BM>(a, sOrder, it.x_tile);
-      const int hkv = it.sub % a.Hkv, part = it.sub / a.Hkv;
-      const int qb = qi & 1;
-      if (lane == 0) {
-        if (p == 0) ws_stamp(0, qi, 1);
-        mbar_wait_ws(bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
-        if (p == 0) ws_stamp(0, qi, 2);
-        sItem[qb] = DenseWsItem{st, hkv, part};  // written before the buffer's full barrier is arrived on
-        if (st.b >= 0) {
-          mbar_expect_tx(bar(C::kBarQFull + qb), C::kQBytes);
-          const int tok = st.q_base + st.row0 / a.group;  // row0 is a multiple of 64, and group divides 64
-#pragma unroll
-          for (int h = 0; h < D / 64; ++h)
-            tma_load_4d(pb + C::kOffQ + qb * C::kQBytes + h * BM * 128, &qmap, bar(C::kBarQFull + qb), h * 64, 0,
-                        hkv, tok);  // rows past the tensor: zeros
-        } else {
-          mbar_arrive(bar(C::kBarQFull + qb));
-        }
-        if (p == 0) ws_stamp(0, qi, 3);
-      }
-      const int nth = qi++;
-      if (st.b < 0) continue;
-      const TileKeys tk = tile_keys<BM, BN>(a, st, part);
-      if (p == 0 && lane == 0) ws_stamp(0, nth, 4);
-      const int kmax = static_cast<int>(st.kmax);
-      const int32_t* lut_row = paged ? a.lookup + static_cast<int64_t>(st.b) * a.max_pages : nullptr;
-      auto fetch = [&](int tile) {  // lane i < nbox: the page-table entry of box i of `tile` (-1 past the keys)
-        int32_t e = -1;
-        if (paged && lane < nbox) {
-          const int key = tile * BN + lane * rb;
-          if (key < kmax && layer_ok) e = __ldg(lut_row + (key >> a.page_shift));
-        }
-        return e;
-      };
-      // K (v false) or V of `tile` into ring slot gj % S once the pair's warpgroup has released it; with K goes the
-      // tile's present-key mask (attention_ws_sm90_kernel's loader).
-      auto issue = [&](int tile, int gj, bool v, int32_t entry) {
-        const int stage = gj % S;
-        const uint32_t full = bar((v ? C::kBarVFull : C::kBarKFull) + stage);
-        mbar_wait_ws(bar((v ? C::kBarVEmpty : C::kBarKEmpty) + stage), ((gj / S) & 1) ^ 1);
-        const int my_page = pool_page(a, entry);
-        const int key0 = tile * BN;
-        if (!v) {
-          const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
-#pragma unroll
-          for (int wd = 0; wd < BN / 32; ++wd) {
-            const int kl = wd * 32 + lane;
-            const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
-            const unsigned bits = __ballot_sync(0xffffffff, ok);
-            if (lane == 0) sMask[stage * 4 + wd] = bits;
-          }
-        }
-        if (lane == 0) mbar_expect_tx(full, C::kTileBytes);  // release: lane 0's mask words
-        const uint32_t dst = pb + (v ? C::kOffV : C::kOffK) + stage * C::kTileBytes;
-        const CUtensorMap* map = v ? &kvm.v : &kvm.k;
-        if (paged) {
-          if (lane < nbox) {
-            const int slot = key0 & (a.page_size - 1);
-            const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
-#pragma unroll
-            for (int h = 0; h < D / 64; ++h)
-              tma_load_5d(dst + h * BN * 128 + lane * rb * 128, map, full, h * 64, hkv, slot,
-                          (v ? a.num_layers : 0) + layer, blk);
-          }
-        } else if (lane == 0) {
-#pragma unroll
-          for (int h = 0; h < D / 64; ++h)
-            tma_load_3d(dst + h * BN * 128, map, full, h * 64, hkv, st.kv_base + key0);  // past the tensor: zeros
-        }
-      };
-      const int n = tk.num_tiles;
-      int32_t e_cur = n > 0 ? fetch(tk.tile_first) : -1, e_prev = -1;
-      for (int j = 0; j < n; ++j) {
-        const int tile = tk.tile_first + j;
-        const int32_t e_next = j + 1 < n ? fetch(tile + 1) : -1;
-        issue(tile, gk + j, false, e_cur);
-        if (j == 0 && p == 0 && lane == 0) ws_stamp(0, nth, 5);
-        if (j > 0) issue(tile - 1, gk + j - 1, true, e_prev);
-        e_prev = e_cur;
-        e_cur = e_next;
-      }
-      if (n > 0) issue(tk.tile_first + n - 1, gk + n - 1, true, e_prev);
-      if (p == 0 && lane == 0) ws_stamp(0, nth, 6);
-      gk += n;
+      gk += ws_load_item<T, D, C>(a, kvm, &qmap, set, st, it.sub % a.Hkv, it.sub / a.Hkv, qi++, gk, layer, layer_ok,
+                                  lane, p == 0);
     }
     if (a.num_partitions <= 1) ws_zero_unowned_rows<BM, T>(a, sOrder, a.H * D, p, 2);
   } else {
