@@ -11,7 +11,8 @@ BUILD=${BUILD:-/tmp/msa_ops_build}
 declare -A STATUS
 
 STEPS=${STEPS:-all}  # comma list of: build info gpu cpu demo bench sanitizer
-# GPU_K: a pytest -k expression for the gpu step; SANITIZE_K: the one for the sanitizer step; BENCH_GLOB: which benchmarks.
+# GPU_K: a pytest -k expression for the gpu step; SANITIZE_K: the one for the sanitizer step; BENCH_GLOB: which benchmarks;
+# BENCH_ARGS: arguments for each of them (gpu_gather_ceiling.py takes no --rounds: leave it out of BENCH_GLOB then).
 want() { [[ "$STEPS" == all || ",$STEPS," == *",$1,"* ]]; }
 
 step() {  # step NAME CMD...  (log to $OUT/NAME.log, remember the exit code)
