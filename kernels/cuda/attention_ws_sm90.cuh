@@ -261,15 +261,6 @@ __device__ __forceinline__ int ws_load_item(const AttentionArgs& a, const Sm90Kv
   if (stamp && lane == 0) ws_stamp(0, qi, 6);
   return n;
 }
-
-// A consumer thread's accumulators and scores (declared once, outside the loop over items: ws_consume_item).
-template <int D, int BN>
-struct WsAcc {
-  float o[D / 8 * 4];
-  float s[BN / 8 * 4];
-  uint32_t pf[BN / 16][4];
-  float corr[2];
-};
 #endif
 
 // tiles_x: the host's bound on the query tiles of the call (locate_tile's numbering); the items are the tiles
