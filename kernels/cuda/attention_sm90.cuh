@@ -531,6 +531,33 @@ __device__ __forceinline__ void wg_store_rows_staged(const AttentionArgs& a, con
   warp_store_staged<T, D>(a, st, rows_seq, warp_row0, hkv, lane, stage, BM * 128);
 }
 
+// The layer of paged K/V that a TMA loader reads: *a.layer_ptr, or 0 with every page reading as missing (layer_ok
+// false) when it names no layer of the pool; 0 for contiguous K/V.
+__device__ __forceinline__ int tma_kv_layer(const AttentionArgs& a, bool* layer_ok) {
+  int layer = 0;
+  *layer_ok = true;
+  if (a.kv_mode == kKvPaged) {
+    layer = *a.layer_ptr;
+    *layer_ok = layer >= 0 && layer < a.num_layers;
+    if (!*layer_ok) layer = 0;
+  }
+  return layer;
+}
+
+// Lane i < nbox: the page-table entry of box i (rb key rows: one page, or a whole tile) of key tile `tile` (BN keys)
+// of the sequence whose page-table row is lut_row; -1 past the keys, for contiguous K/V or a missing layer. Unchecked:
+// the range check waits for the load, so it runs where the entry is used (pool_page), an iteration later.
+template <int BN>
+__device__ __forceinline__ int32_t box_page_entry(const AttentionArgs& a, bool paged, const int32_t* lut_row, int tile,
+                                                  int lane, int nbox, int rb, int kmax, bool layer_ok) {
+  int32_t e = -1;
+  if (paged && lane < nbox) {
+    const int key = tile * BN + lane * rb;
+    if (key < kmax && layer_ok) e = __ldg(lut_row + (key >> a.page_shift));
+  }
+  return e;
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm) {
 #if defined(MSA_OPS_SM90_WGMMA)
@@ -582,28 +609,16 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   // ---- K/V tiles by TMA, issued by warps 0-3. Paged: box i of a tile holds key rows [i rb, (i+1) rb), one page
   // each; lane i of each of these warps fetches box i's page id a tile ahead and issues that box's loads.
   const bool paged = a.kv_mode == kKvPaged;
-  const int32_t* lut_row = nullptr;
-  int layer = 0;
+  const int32_t* lut_row = paged ? a.lookup + static_cast<int64_t>(st.b) * a.max_pages : nullptr;
   bool layer_ok = true;
-  if (paged) {
-    lut_row = a.lookup + static_cast<int64_t>(st.b) * a.max_pages;
-    layer = *a.layer_ptr;
-    layer_ok = layer >= 0 && layer < a.num_layers;
-    if (!layer_ok) layer = 0;  // every page then reads as missing
-  }
+  const int layer = tma_kv_layer(a, &layer_ok);
   const int kmax = static_cast<int>(st.kmax);
   const int rb = kvm.box_rows;
   const int nbox = BN / rb;
-  // Warps 0-3: lane i < nbox gets the page-table entry of box i of `tile` (-1 past the keys), unchecked: the range
-  // check waits for the load, so it runs where issue_tile uses the entry, an iteration later (checked here, the
-  // load's latency stalled warp 0, ahead of its warpgroup's MMAs, on every tile).
+  // Warps 0-3: lane i < nbox gets the page-table entry of box i of `tile`, checked where issue_tile uses it (checked
+  // here, the load's latency stalled warp 0, ahead of its warpgroup's MMAs, on every tile).
   auto fetch_page = [&](int tile) {
-    int32_t p = -1;
-    if (paged && lane < nbox) {
-      const int key = tile * BN + lane * rb;
-      if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
-    }
-    return p;
+    return box_page_entry<BN>(a, paged, lut_row, tile, lane, nbox, rb, kmax, layer_ok);
   };
   // Warpgroup 0 runs this ahead of its MMAs on every tile, so it is kept short: a box's presence comes from
   // one ballot, a key's box from a shift (rb is a power of two), and lane i issues box i's loads itself. With a

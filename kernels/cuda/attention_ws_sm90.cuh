@@ -150,19 +150,6 @@ struct WsSet {
   __device__ __forceinline__ uint32_t bar(int i) const { return bars + 8 * i; }
 };
 
-// The layer of paged K/V that a loader reads: *a.layer_ptr, or 0 with every page reading as missing (layer_ok false)
-// when it names no layer of the pool.
-__device__ __forceinline__ int ws_layer(const AttentionArgs& a, bool* layer_ok) {
-  int layer = 0;
-  *layer_ok = true;
-  if (a.kv_mode == kKvPaged) {
-    layer = *a.layer_ptr;
-    *layer_ok = layer >= 0 && layer < a.num_layers;
-    if (!*layer_ok) layer = 0;
-  }
-  return layer;
-}
-
 // The loader warp's part of item number qi of its set: once the consumers have released Q buffer qi & 1, the item's
 // place (st, read by the consumers instead of locating it again) and its Q (D/64 TMA boxes of [BM/group tokens][group
 // heads][64]); then its K and V tiles (V one tile behind K) into ring positions gk, gk + 1, ..., each K tile with the
@@ -201,15 +188,7 @@ __device__ __forceinline__ int ws_load_item(const AttentionArgs& a, const Sm90Kv
   const int rb_shift = __ffs(rb) - 1;
   const int kmax = static_cast<int>(st.kmax);
   const int32_t* lut_row = paged ? a.lookup + static_cast<int64_t>(st.b) * a.max_pages : nullptr;
-  // Lane i < nbox: the page-table entry of box i of `tile` (-1 past the keys), unchecked (pool_page, at use).
-  auto fetch = [&](int tile) {
-    int32_t e = -1;
-    if (paged && lane < nbox) {
-      const int key = tile * BN + lane * rb;
-      if (key < kmax && layer_ok) e = __ldg(lut_row + (key >> a.page_shift));
-    }
-    return e;
-  };
+  auto fetch = [&](int tile) { return box_page_entry<BN>(a, paged, lut_row, tile, lane, nbox, rb, kmax, layer_ok); };
   // K (v false) or V of `tile` into ring slot gj % S, once the set's consumers have released it. With K goes the
   // tile's present-key mask (which the consumers read before they release the slot).
   auto issue = [&](int tile, int gj, bool v, int32_t entry) {
@@ -298,7 +277,7 @@ __global__ void __launch_bounds__(384, 1)
     // ------------------------------------------------------------------ loader (warp 0)
     const WsSet set{s0, sBar, sMask, sItem};
     bool layer_ok = true;
-    const int layer = ws_layer(a, &layer_ok);
+    const int layer = tma_kv_layer(a, &layer_ok);
     int gk = 0, qi = 0;  // tiles and items seen
     for (int r = 0;; ++r) {
       const int w = ws_walk(r);
@@ -542,7 +521,7 @@ __global__ void __launch_bounds__(384, 1)
                     reinterpret_cast<uint32_t*>(sbase + C::kOffMask) + p * S * 4,
                     reinterpret_cast<DenseWsItem*>(sbase + C::kOffItem) + 2 * p};
     bool layer_ok = true;
-    const int layer = ws_layer(a, &layer_ok);
+    const int layer = tma_kv_layer(a, &layer_ok);
     int gk = 0, qi = 0;  // tiles and items of this pair
     for (int r = p;; r += 2) {
       const int w = ws_walk(r);
