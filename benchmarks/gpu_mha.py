@@ -31,6 +31,25 @@ def rel_err(a, b):
 
 ROUNDS = 5  # --rounds: rounds of the decode comparison (ours, cuDNN)
 IDENTITY_PAGES = False  # --identity-pages: pages in key order (a diagnostic of the page-scatter cost)
+# Diagnostics of the page-scatter cost (scripts/probe_decode_ab.py --page-order), over the key-order layout in which
+# page j of sequence b is pool page b * MP + j: "local:N" shuffles the pool pages within each run of N of them (a
+# sequence's pages stay in the same N-page region, out of order); "runs:N" keeps each run of N in key order and
+# shuffles where the runs lie. Empty: the benchmark's layout (IDENTITY_PAGES, else a permutation of the whole pool).
+PAGE_ORDER = ""
+
+
+def page_perm(nb, rng):
+    """The pool page of each (sequence, page) slot in key order, as PAGE_ORDER / IDENTITY_PAGES say."""
+    if not PAGE_ORDER:
+        return np.arange(nb) if IDENTITY_PAGES else rng.permutation(nb)
+    mode, n = PAGE_ORDER.split(":")
+    n = int(n)
+    runs = [np.arange(s, min(s + n, nb)) for s in range(0, nb, n)]
+    if mode == "local":
+        return np.concatenate([rng.permutation(r) for r in runs])
+    if mode == "runs":
+        return np.concatenate([runs[i] for i in rng.permutation(len(runs))])
+    raise ValueError(f"page order {PAGE_ORDER!r}: local:N or runs:N")
 
 
 def paged_from_contiguous(k, v, page, rng):
@@ -38,7 +57,7 @@ def paged_from_contiguous(k, v, page, rng):
     b, l, hkv, d = k.shape
     mp = -(-l // page)
     nb = b * mp
-    perm = jnp.asarray(np.arange(nb) if IDENTITY_PAGES else rng.permutation(nb), jnp.int32)
+    perm = jnp.asarray(page_perm(nb, rng), jnp.int32)
     pad = mp * page - l
     kp = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * mp, page, hkv, d)
     vp = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * mp, page, hkv, d)

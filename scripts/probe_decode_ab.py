@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--num-partitions", type=int, default=0, help="split-K partitions (0: the ladder's choice)")
     ap.add_argument("--identity-pages", action="store_true",
                     help="page j of sequence b is pool page b * MP + j (a diagnostic of the page-scatter cost)")
+    ap.add_argument("--page-order", default="",
+                    help="local:N or runs:N, over the key-order layout (benchmarks/gpu_mha.py PAGE_ORDER)")
     ap.add_argument("--contiguous", action="store_true",
                     help="also time our kernel on cuDNN's contiguous K/V (mo.mha.padded.no_cache, one query row)")
     ap.add_argument("--batches", default="", help="comma list of the points' B to run (default: all)")
@@ -41,6 +43,7 @@ def main():
     only_pages = tuple(int(x) for x in args.pages.split(",") if x)
     npart = args.num_partitions
     gpu_mha.IDENTITY_PAGES = args.identity_pages
+    gpu_mha.PAGE_ORDER = args.page_order
     rng = np.random.default_rng(0)
     out = []
     points = POINTS
@@ -82,6 +85,7 @@ def main():
             out.append(f"{b}/{n // 1024}k/p{page}: {g:.0f} {g / cud:.3f}x (cuDNN {cud:.0f}, err {err:.0e})")
             del q, k, v, kv, lut
     pages = " identity-pages" if args.identity_pages else ""
+    pages += f" page-order={args.page_order}" if args.page_order else ""
     print(f"DECODE np={npart or 'ladder'}{pages} " + " | ".join(out), flush=True)
 
 
