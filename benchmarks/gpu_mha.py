@@ -132,11 +132,41 @@ def run_decode(rows, results, rng):
             del q, k, v, kv, lut
 
 
+def run_decode_d256(rows, rng, points=((16, 16384), (1, 131072))):
+    """Decode at head dim 256 (bf16, Hq=16, Hkv=4: the K/V bytes a token of the D=128 table), pages 128 and 16,
+    ours against cuDNN over contiguous K/V, in rotating rounds."""
+    h, hkv, d = 16, 4, 256
+    for b, l in points:
+        for page in (128, 16):
+            q, k, v, kv, lut = decode_case(b, l, page, rng, h=h, hkv=hkv, d=d)
+            offs = jnp.arange(b + 1, dtype=jnp.int32)
+            cl = jnp.full((b,), l - 1, jnp.int32)
+            qr = q.reshape(b, h, d)
+
+            def ours(qr, kv, lut, offs, cl):
+                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", implementation="native")
+
+            def cud(q, k, v):
+                return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
+
+            byts = 2 * b * l * hkv * d * 2
+            r = {"kind": "decode_d256", "B": b, "L": l, "page": page, "H": h, "Hkv": hkv, "D": d}
+            r["plan"] = msa_ops.plan("mo.mha.ragged.paged", qr, offs, kv, cl, lut, 0, mask_str="causal").num_partitions
+            r["err_vs_cudnn"] = rel_err(jax.jit(ours)(qr, kv, lut, offs, cl), jax.jit(cud)(q, k, v).reshape(b, h, d))
+            got = bench_rounds({"ours": graph_timer(ours, (qr, kv, lut, offs, cl)),
+                                "cudnn": graph_timer(cud, (q, k, v))}, ROUNDS)
+            for name in ("ours", "cudnn"):
+                r[name + "_gbs"] = byts / float(np.median(got[name])) / 1e9
+            r["ours_vs_cudnn"], r["ours_vs_cudnn_range"] = round_ratios(got["cudnn"], got["ours"])
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            del q, k, v, kv, lut
+
+
 def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, causals=(False, True),
-                alt=("MSA_OPS_CUDA_WGMMA", "ours_contig_mma_sync")):
+                alt=("MSA_OPS_CUDA_WGMMA", "ours_contig_mma_sync"), h=16, d=128):
     """Prefill at B*S = total: ours contiguous and paged, cuDNN; for kind "prefill" also the 64-row tile and XLA.
-    alt: a switch set to 0 for a second timing of the contiguous call (the handler reads it per launch)."""
-    h, d = 16, 128
+    alt: a switch set to 0 for a second timing of the contiguous call (the handler reads it per launch), or None."""
     full = kind == "prefill"
     for s in lens:
         b = total // s
@@ -163,7 +193,7 @@ def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, 
                                                                                  implementation="cudnn"))
             xla = jax.jit(lambda q, k, v, c=causal: jax.nn.dot_product_attention(q, k, v, is_causal=c,
                                                                                implementation="xla"))
-            r = {"kind": kind, "S": s, "B": b, "causal": causal}
+            r = {"kind": kind, "S": s, "B": b, "causal": causal, "H": h, "D": d}
             ref = cud(q, k, v).reshape(-1, h, d)
             r["err_contig_vs_cudnn"] = rel_err(ours_c(q, k, v), ref)
             r["err_paged_vs_cudnn"] = rel_err(ours_p(q, kv, lut), ref)
@@ -183,11 +213,12 @@ def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, 
                 except Exception as e:  # noqa: BLE001
                     r[name + "_tflops"] = None
                     r[name + "_error"] = str(e)[:200]
-            os.environ[alt[0]] = "0"
-            try:
-                r[alt[1] + "_tflops"] = flops / bench(ours_c, (q, k, v)) / 1e12
-            finally:
-                del os.environ[alt[0]]
+            if alt is not None:
+                os.environ[alt[0]] = "0"
+                try:
+                    r[alt[1] + "_tflops"] = flops / bench(ours_c, (q, k, v)) / 1e12
+                finally:
+                    del os.environ[alt[0]]
             rows.append(r)
             print(json.dumps(r), flush=True)
 
@@ -209,7 +240,7 @@ def rel(r):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
-    ap.add_argument("--only", choices=["decode", "prefill"], default=None)
+    ap.add_argument("--only", choices=["decode", "prefill", "d256"], default=None)
     ap.add_argument("--identity-pages", action="store_true", help="page j of sequence b is pool page b * MP + j")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of each comparison with cuDNN")
     a = ap.parse_args()
@@ -228,6 +259,9 @@ def main():
         # the handler takes the pair kernel's 64-row items by default).
         run_prefill(rows, rng, "prefill_many", (32, 64, 256), 65536, (True,),
                     ("MSA_OPS_DENSE_WS_PAIR", "ours_contig_ws128"))
+    if a.only in (None, "d256"):
+        run_prefill(rows, rng, "prefill_d256", (8192,), 16384, (False, True), None, h=8, d=256)
+        run_decode_d256(rows, rng)
     md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", "",
           f"Ours and cuDNN (prefill: ours contiguous and paged, cuDNN) timed once a round, {ROUNDS} rounds in rotating "
           "order: figures are medians, ours/cuDNN the median of the rounds' ratios (their range in brackets). Decode "
@@ -264,6 +298,24 @@ def main():
             md.append(f"| {r['S']} | {r['B']} | {fmt(r.get('ours_contig_tflops'))} | "
                       f"{fmt(r.get('ours_paged_tflops'))} | {fmt(r.get('ours_contig_ws128_tflops'))} | "
                       f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} |")
+    p256 = [r for r in rows if r["kind"] == "prefill_d256"]
+    if p256:
+        md += ["", "## Head dim 256 (attention_kernel's mma.sync tiles; no wgmma kernel at this head dim yet)", "",
+               "Prefill, bf16, S=8192, B=2, H=8 (TFLOP/s):", "",
+               "| causal | ours contiguous | ours paged | cuDNN | ours/cuDNN | paged/contig |",
+               "| --- | --- | --- | --- | --- | --- |"]
+        for r in p256:
+            md.append(f"| {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | {fmt(r.get('ours_paged_tflops'))} | "
+                      f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} | "
+                      f"{ratio(r.get('ours_paged_tflops'), r.get('ours_contig_tflops'))} |")
+    d256 = [r for r in rows if r["kind"] == "decode_d256"]
+    if d256:
+        md += ["", "Decode, bf16, Hq=16, Hkv=4 (GB/s of K+V):", "",
+               "| B | L | page | partitions | ours | cuDNN | ours/cuDNN | rel.err vs cuDNN |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in d256:
+            md.append(f"| {r['B']} | {r['L']} | {r['page']} | {r['plan']} | {fmt(r.get('ours_gbs'))} | "
+                      f"{fmt(r.get('cudnn_gbs'))} | {rel(r)} | {r['err_vs_cudnn']:.1e} |")
     write_results(a.out, "gpu_mha", rows, "\n".join(md))
 
 

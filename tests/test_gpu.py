@@ -398,6 +398,74 @@ def test_cuda_mha_decode_more_ctas_than_slots(dtype, d, group, page):
         assert_close(got, oracle.mha_ragged_paged(*args, sink_weights=sk, **kw), budget_for(dtype))
 
 
+def _d256_cases():
+    rng = np.random.default_rng(256)
+    return [dict(seed=i, scenario=SCENARIOS[i % len(SCENARIOS)], mask=MASKS[(i // 2) % len(MASKS)],
+                 group=[1, 4, 8, 2][i % 4], page=[16, 128, 64][i % 3], dtype=[jnp.bfloat16, jnp.float16][(i // 3) % 2],
+                 np_=[0, 1, 3, 32][(i // 4) % 4], sink=bool(rng.integers(2)), window=int(rng.integers(1, 60)))
+            for i in range(20)]
+
+
+@pytest.mark.parametrize("case", _d256_cases(), ids=lambda c: f"{c['seed']}-{c['scenario']}-{c['mask']}")
+def test_cuda_mha_head_dim_256_matches_oracle(case):
+    """Head dim 256 on attention_kernel's 8-, 16- and 64-row tiles (no 128-row tile: the plan says 64), every
+    scenario and mask, sinks, split-K, pages 16 to 128, NaN past the keys; the mma.sync kernel must serve it."""
+    rng = np.random.default_rng(case["seed"])
+    batch = make_batch(rng, case["scenario"])
+    hkv, d, page = 2, 256, case["page"]
+    h = hkv * case["group"]
+    cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=page,
+                             max_pages=-(-512 // page), n_kv_heads=hkv, head_dim=d, dtype=case["dtype"])
+    q = rand(rng, (batch.T, h, d), case["dtype"])
+    sink = rand(rng, (h,), case["dtype"]) if case["sink"] else None
+    kv_blocks = nan_past_keys(cache, batch.cache, batch.n, page)
+    args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache.lut, 1)
+    kw = dict(mask_str=case["mask"], local_window_size=case["window"])
+    plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=case["np_"], **kw)
+    assert plan.tile_m <= 64
+    got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_ragged_paged(
+        *a, sink_weights=sink, num_partitions=case["np_"], implementation="native", **kw)), *args)
+    assert_served(kinds, "mma")
+    want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
+    assert_close(got, want, budget_for(case["dtype"]))
+
+
+@pytest.mark.parametrize("mask", ["causal", "null", "sliding_window_causal"])
+def test_cuda_mha_head_dim_256_other_ops(mask):
+    """Head dim 256 through the padded paged op (decode split 4 ways and a 150-row prefill that the ladder would
+    give 128-row tiles at D <= 128) and both no-cache ops."""
+    rng = np.random.default_rng(2560)
+    hkv, d, group = 2, 256, 4
+    h = hkv * group
+    for s, np_ in ((1, 4), (150, 0)):
+        vl = np.array([s, 0, max(1, s // 2)], np.int32)
+        cl = np.array([30, 0, 300], np.int32)
+        cache = make_paged_cache(rng, list(cl + vl), page_size=16, max_pages=32, n_kv_heads=hkv, head_dim=d,
+                                 dtype=jnp.bfloat16)
+        q = rand(rng, (3, s, h, d), jnp.bfloat16)
+        args = (q, cache.kv_blocks, cl, cache.lut, 0, vl)
+        got = jax.jit(lambda *a, np_=np_: msa_ops.mha_padded_paged(
+            *a, mask_str=mask, local_window_size=40, num_partitions=np_, implementation="native"))(*args)
+        want = oracle.mha_padded_paged(*args, mask_str=mask, local_window_size=40)
+        assert_close(got, want, budget_for(jnp.bfloat16), what=f"padded paged S={s}")
+    n, nk = [5, 0, 140, 1], [9, 3, 140, 1]
+    q = rand(rng, (sum(n) + 3, h, d), jnp.float16)
+    k = rand(rng, (sum(nk) + 2, hkv, d), jnp.float16)
+    v = rand(rng, (sum(nk) + 2, hkv, d), jnp.float16)
+    qo = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str=mask, local_window_size=40,
+                                                         implementation="native"))(q, k, v, qo, ko)
+    want = oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str=mask, local_window_size=40)
+    assert_close(got, want, budget_for(jnp.float16), what="ragged no cache")
+    qp, kp, vp = (rand(rng, (2, 130, x, d), jnp.bfloat16) for x in (h, hkv, hkv))
+    vlen = np.array([130, 77], np.int32)
+    got = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, mask_str=mask, local_window_size=40,
+                                                         implementation="native"))(qp, kp, vp, vlen)
+    want = oracle.mha_padded_no_cache(qp, kp, vp, vlen, mask_str=mask, local_window_size=40)
+    assert_close(got, want, budget_for(jnp.bfloat16), what="padded no cache")
+
+
 @pytest.mark.parametrize("np_", [0, 1, 5])
 @pytest.mark.parametrize("mask", ["causal", "null", "chunked_causal"])
 def test_cuda_mha_padded_paged_matches_oracle(np_, mask):

@@ -786,7 +786,8 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
 // clusters of `np` along z that merge in the kernel: np within kClusterMergeMaxPartitions, a cluster of them fits
 // the GPU (compute capability 9.0+), and MSA_OPS_CLUSTER_MERGE is not 0. The answer is kept per np for all the
 // kernels of one signature (the first one asked answers for the others): every kernel that takes this path is a
-// 128-thread CTA with at most ~105 KB of shared memory, for which a cluster of two fits wherever clusters exist.
+// 128-thread CTA that fits an SM alone (~105 KB of shared memory; ~200 KB at head dim 256), for which a cluster of two
+// fits wherever clusters exist.
 // The merge itself handles up to kMaxClusterPartitions (and passes the GPU tests at 2..8 on an H200), but the
 // launch uses it for two partitions only: at eight, B=4 / 64k dense decode ran at half speed on an H200 (one
 // cluster of 8 holds 8 of a GPC's CTA slots at once; the grid no longer fits one wave), benchmarks/NOTES_mha.md.
@@ -853,16 +854,17 @@ template <typename T, int D, int BLOCK_M, int STAGES>
 struct AttentionConfig {
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
-  static constexpr int kBlockN = 64;
+  // Head dim 256: the 64-row tile takes 32-key tiles, so that two CTAs fit an SM (96 KB of shared memory).
+  static constexpr int kBlockN = D > 128 && BLOCK_M >= 64 ? 32 : 64;
   // 8-row tiles (decode of at most 8 rows) run transposed: keys on the MMA's M side (attention_kernel).
   static constexpr bool kTransposed = BLOCK_M == 8;
   static constexpr int kWarpsM = kTransposed ? 1 : BLOCK_M / 16 < kWarps ? BLOCK_M / 16 : kWarps;  // along rows
   static constexpr int kWarpsN = kWarps / kWarpsM;                                // warps along keys
   static constexpr int kMBlocks = kTransposed ? 1 : BLOCK_M / (16 * kWarpsM);  // 16-row MMA blocks per warp
-  static constexpr bool kQInRegs = kMBlocks == 1;           // else Q fragments are re-read from smem
+  static constexpr bool kQInRegs = kMBlocks == 1 && D <= 128;           // else Q fragments are re-read from smem
   static constexpr int kWarpKeys = kBlockN / kWarpsN;
   // Keys a warp scores at a time: two row blocks hold half as many scores in registers.
-  static constexpr int kChunkKeys = kMBlocks > 1 ? 32 : kWarpKeys;
+  static constexpr int kChunkKeys = kMBlocks > 1 || (D > 128 && kWarpKeys > 32) ? 32 : kWarpKeys;
   static constexpr int kKvTileElems = kBlockN * D;
   static constexpr int kSmemQ = BLOCK_M * D * 2;
   static constexpr int kSmemKv = STAGES * 2 * kKvTileElems * 2;

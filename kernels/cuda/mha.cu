@@ -46,7 +46,13 @@ Error check_launch(const char* target) {
   X(__half, 128, 8, 3)                \
   X(__half, 128, 16, 3)               \
   X(__half, 128, 64, 2)               \
-  X(__half, 128, 128, 2)
+  X(__half, 128, 128, 2)              \
+  X(__nv_bfloat16, 256, 8, 3)         \
+  X(__nv_bfloat16, 256, 16, 3)        \
+  X(__nv_bfloat16, 256, 64, 2)        \
+  X(__half, 256, 8, 3)                \
+  X(__half, 256, 16, 3)               \
+  X(__half, 256, 64, 2)
 
 // Ragged queries: a bound on the x tiles that sequences use. Sequence b needs ceil(n_b * group / bm) tiles for its
 // n_b rows; n_b * group and bm are multiples of d = gcd(group, bm), so that is at most (n_b * group + bm - d) / bm.
@@ -79,7 +85,10 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
   bool launched = false;
   bool zeroed = false;  // rows owned by no sequence written by the attention kernel (a warp of the persistent
                         // kernels, unsplit; spare CTAs of attention_kernel)
-  if constexpr (BM == Sm90Config<T, D>::kBlockM) {
+  // The sm_90 kernels' 128-row tile, for the head dims they take (D=256 runs on attention_kernel's 64-row tile).
+  constexpr bool kSm90Tile = D <= 128 && BM == 128;
+  if constexpr (kSm90Tile) {
+    static_assert(BM == Sm90Config<T, D>::kBlockM, "the sm_90 tile height");
     Sm90Kv kv;  // the TMA descriptors; without them (page size, driver) the mma.sync kernel serves the call
     if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv)) {
       // The warp-specialized persistent kernel where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
@@ -184,7 +193,7 @@ Error dispatch(cudaStream_t stream, DataType dt, int d, int bm, const AttentionA
     return launch_attention<T, D_, BM_, ST_>(stream, a, grid_x, target);
   MSA_OPS_ATTENTION_CONFIGS(MSA_OPS_DISPATCH)
 #undef MSA_OPS_DISPATCH
-  return invalid(target, "no CUDA kernel for dtype/head_dim " + std::to_string(d) + " (supported: bf16/f16, 64/128)");
+  return invalid(target, "no CUDA kernel for dtype/head_dim " + std::to_string(d) + " (supported: bf16/f16, 64/128/256)");
 }
 
 // A ragged call of T rows and B sequences over ragged_tiles x tiles, refused where they and the spare tiles would
@@ -204,15 +213,17 @@ bool same_shape(const AnyBuffer& x, const AnyBuffer& y) {
 }
 
 bool supported(DataType dt, int64_t d) {
-  return (dt == DataType::BF16 || dt == DataType::F16) && (d == 64 || d == 128);
+  return (dt == DataType::BF16 || dt == DataType::F16) && (d == 64 || d == 128 || d == 256);
 }
 
 // Query tile height: the routing ladder's choice, or from shapes when the op has no plan.
-int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group) {
-  // Kernels exist for 8-, 16-, 64- and 128-row tiles (decode; the ladder's 1q / 2q prefill tiles).
-  if (requested > 0) return requested <= 8 ? 8 : requested <= 16 ? 16 : requested <= 64 ? 64 : 128;
+int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group, int64_t d) {
+  // Kernels exist for 8-, 16-, 64- and 128-row tiles (decode; the ladder's 1q / 2q prefill tiles); head dims past
+  // 128 for 8-, 16- and 64-row tiles only.
+  const int64_t top = d > 128 ? 64 : 128;
+  if (requested > 0) return requested <= 8 ? 8 : requested <= 16 ? 16 : requested <= 64 ? 64 : top;
   const int64_t rows = max_rows_per_seq * group;
-  return rows <= 8 ? 8 : rows <= 16 ? 16 : rows < 128 ? 64 : 128;
+  return rows <= 8 ? 8 : rows <= 16 ? 16 : rows < 128 ? 64 : top;
 }
 
 void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, int64_t mask, int64_t window,
@@ -288,7 +299,7 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   fill_paged(a, kv, cache_lengths, lut, layer);
   if (has_sink) a.sink = sink.untyped_data();
   if (Error e = set_workspace(target, a, ws_o, ws_lse, T); e.failure()) return e;
-  const int bm = tile_height(tile_m, T - B + 1, a.group);
+  const int bm = tile_height(tile_m, T - B + 1, a.group, D);
   return dispatch_ragged(stream, q.element_type(), static_cast<int>(D), bm, a, T, B, target);
 }
 
@@ -315,7 +326,7 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   a.valid_lengths = static_cast<const int32_t*>(valid_lengths.untyped_data());
   fill_paged(a, kv, cache_lengths, lut, layer);
   if (Error e = set_workspace(target, a, ws_o, ws_lse, B * S); e.failure()) return e;
-  const int bm = tile_height(tile_m, S, a.group);
+  const int bm = tile_height(tile_m, S, a.group, D);
   const int grid_x = static_cast<int>(B * ceil_div(S * a.group, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
@@ -341,7 +352,7 @@ Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.v = v.untyped_data();
   a.kv_offsets = static_cast<const int32_t*>(kv_offsets.untyped_data());
   a.total_keys = static_cast<int>(dim(k, 0));
-  const int bm = tile_height(0, T - B + 1, a.group);
+  const int bm = tile_height(0, T - B + 1, a.group, D);
   return dispatch_ragged(stream, q.element_type(), static_cast<int>(D), bm, a, T, B, target);
 }
 
@@ -366,7 +377,7 @@ Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.k = k.untyped_data();
   a.v = v.untyped_data();
   a.total_keys = static_cast<int>(dim(k, 1));
-  const int bm = tile_height(0, S, a.group);
+  const int bm = tile_height(0, S, a.group, D);
   const int grid_x = static_cast<int>(B * ceil_div(S * a.group, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }

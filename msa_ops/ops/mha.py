@@ -63,7 +63,7 @@ def _ws_avals(plan: routing.Plan, rows: int, h: int, d: int) -> tuple[ShapedArra
     return ShapedArray((npw, rows, h, d), F32), ShapedArray((npw, rows, h), F32)
 
 
-CUDA_HEAD_DIMS = (64, 128)
+CUDA_HEAD_DIMS = (64, 128, 256)
 CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
