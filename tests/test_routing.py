@@ -67,6 +67,10 @@ def test_mha_ladder_decode_vs_prefill_boundary():
     # 2q once a sequence may hold 128 rows
     assert _plan_mha(t=127 + 7, b=8).kernel == "1q"
     assert _plan_mha(t=128 + 7, b=8).kernel == "2q" and _plan_mha(t=128 + 7, b=8).tile_m == 128
+    # head dim 256: no 128-row tile (the CUDA kernels have none at that head dim); decode tiles as at 128
+    p = _plan_mha(t=128 + 7, b=8, d=256)
+    assert p.kernel == "1q" and p.tile_m == 64 and "head_dim 256" in p.why
+    assert _plan_mha(t=8, b=8, d=256).tile_m == 8 and _plan_mha(t=8, b=8, h=128, d=256).tile_m == 16
 
 
 def test_mha_ladder_hints_and_override():
@@ -132,3 +136,14 @@ def test_plan_workspace_matches_abstract_result():
         lambda *a: op.primitive.bind(*a, attrs=msa_ops.registry.normalize_call_attrs(op, {"mask_str": "causal"})[0],
                                      implementation="reference"), *args)
     assert outs[1].shape == (p.num_partitions, 4, 32, 128) and outs[2].shape == (p.num_partitions, 4, 32)
+
+
+@pytest.mark.parametrize("d,ok", [(64, True), (128, True), (256, True), (96, False), (32, False), (512, False)])
+def test_cuda_head_dims_native_or_reference(d, ok):
+    """Which head dims the CUDA handlers take (else `auto` lowers to the reference and says why)."""
+    from msa_ops.ops.mha import _native_supports
+    q = SDS((4, 8, d), jnp.bfloat16)
+    why = _native_supports(q, attrs=None, platform="cuda")
+    assert (why is None) == ok, why
+    if not ok:
+        assert str(d) in why
