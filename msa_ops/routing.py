@@ -102,8 +102,8 @@ def plan_mha(
        ``get_num_partitions(B, max_keys)`` with the SM count doubled (two decode CTAs resident per SM), unless
        ``num_partitions`` overrides it.
     3. Otherwise it is prefill: two 64-row query tiles per CTA (``2q``, tile_m 128) when a sequence has at
-       least 128 rows and ``head_dim`` is at most 128, else one (tile_m 64); no split unless ``num_partitions``
-       asks for one.
+       least 128 rows, else one (tile_m 64); no split unless ``num_partitions`` asks for one. Past head dim 128
+       the 128-row tile exists on sm_90 only (its wgmma kernel); elsewhere the CUDA handler runs 64-row tiles.
     """
     group = max(1, n_heads // max(1, n_kv_heads))
     max_q = estimate_max_q(total_rows, batch, max_prompt_length)
@@ -122,12 +122,12 @@ def plan_mha(
             f"partitions {'override' if num_partitions > 0 else 'get_num_partitions'} = {np_}"
         )
         return Plan(op, route, "1q_split_k", tile_m, SPLIT_K_BLOCK_N, np_, max_q, max_keys, group, why)
-    tile_m = 128 if max_q >= 128 and head_dim <= 128 else 64
+    tile_m = 128 if max_q >= 128 else 64
     kernel = "2q" if tile_m == 128 else "1q"
     np_ = num_partitions if num_partitions > 0 else 1
     why = f"max_q*group = {rows} rows > {Q_TILE_ROWS}: prefill, {kernel} tiles of {tile_m} rows"
-    if head_dim > 128 and max_q >= 128:
-        why += f" (head_dim {head_dim} > 128: no 128-row tile)"
+    if head_dim > 128 and tile_m == 128:
+        why += f" (head_dim {head_dim}: 64-row tiles where the GPU has no sm_90 kernel for it)"
     return Plan(op, "prefill", kernel, tile_m, 128 if head_dim <= 128 else 64, np_, max_q, max_keys, group, why)
 
 

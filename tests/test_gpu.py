@@ -406,12 +406,16 @@ def _d256_cases():
             for i in range(20)]
 
 
+@pytest.mark.parametrize("tile", ["ladder", "128", "128_no_wgmma"])
 @pytest.mark.parametrize("case", _d256_cases(), ids=lambda c: f"{c['seed']}-{c['scenario']}-{c['mask']}")
-def test_cuda_mha_head_dim_256_matches_oracle(case):
-    """Head dim 256 on attention_kernel's 8-, 16- and 64-row tiles (no 128-row tile: the plan says 64), every
-    scenario and mask, sinks, split-K, pages 16 to 128, NaN past the keys; the mma.sync kernel must serve it."""
+def test_cuda_mha_head_dim_256_matches_oracle(case, tile, monkeypatch):
+    """Head dim 256, every scenario and mask, sinks, split-K, pages 16 to 128, NaN past the keys: on the ladder's
+    tiles, on 128-row tiles (a max_prompt_length hint), which the sm_90 CTA-per-tile wgmma kernel serves with K and V
+    in rings of their own, and on 128-row plans with that kernel switched off (the handler's 64-row mma.sync tile)."""
     rng = np.random.default_rng(case["seed"])
     batch = make_batch(rng, case["scenario"])
+    if tile != "ladder":  # at least 128 rows, so that the hint can plan 128-row tiles (the rest unowned: zeros)
+        batch = RaggedBatch(batch.n, batch.cache, max(batch.T, 131))
     hkv, d, page = 2, 256, case["page"]
     h = hkv * case["group"]
     cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=page,
@@ -421,19 +425,24 @@ def test_cuda_mha_head_dim_256_matches_oracle(case):
     kv_blocks = nan_past_keys(cache, batch.cache, batch.n, page)
     args = (q, batch.offsets, kv_blocks, batch.cache_lengths, cache.lut, 1)
     kw = dict(mask_str=case["mask"], local_window_size=case["window"])
+    if tile != "ladder":
+        kw["max_prompt_length"] = 1024
+    if tile == "128_no_wgmma":
+        monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "0")
     plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=case["np_"], **kw)
-    assert plan.tile_m <= 64
+    assert tile == "ladder" or plan.tile_m == 128
     got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_ragged_paged(
         *a, sink_weights=sink, num_partitions=case["np_"], implementation="native", **kw)), *args)
-    assert_served(kinds, "mma")
+    assert_served(kinds, "sm90_cta" if plan.tile_m == 128 and tile != "128_no_wgmma" else "mma")
+    kw.pop("max_prompt_length", None)
     want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
     assert_close(got, want, budget_for(case["dtype"]))
 
 
 @pytest.mark.parametrize("mask", ["causal", "null", "sliding_window_causal"])
 def test_cuda_mha_head_dim_256_other_ops(mask):
-    """Head dim 256 through the padded paged op (decode split 4 ways and a 150-row prefill that the ladder would
-    give 128-row tiles at D <= 128) and both no-cache ops."""
+    """Head dim 256 through the padded paged op (decode split 4 ways and a 150-row prefill on 128-row tiles) and
+    both no-cache ops (contiguous K/V; 128-row tiles)."""
     rng = np.random.default_rng(2560)
     hkv, d, group = 2, 256, 4
     h = hkv * group

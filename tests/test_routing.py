@@ -67,9 +67,9 @@ def test_mha_ladder_decode_vs_prefill_boundary():
     # 2q once a sequence may hold 128 rows
     assert _plan_mha(t=127 + 7, b=8).kernel == "1q"
     assert _plan_mha(t=128 + 7, b=8).kernel == "2q" and _plan_mha(t=128 + 7, b=8).tile_m == 128
-    # head dim 256: no 128-row tile (the CUDA kernels have none at that head dim); decode tiles as at 128
+    # head dim 256: the same tiles (the handler runs 64 rows where its GPU has no 128-row kernel for it)
     p = _plan_mha(t=128 + 7, b=8, d=256)
-    assert p.kernel == "1q" and p.tile_m == 64 and "head_dim 256" in p.why
+    assert p.kernel == "2q" and p.tile_m == 128 and "head_dim 256" in p.why
     assert _plan_mha(t=8, b=8, d=256).tile_m == 8 and _plan_mha(t=8, b=8, h=128, d=256).tile_m == 16
 
 

@@ -52,15 +52,17 @@ template <typename T, int D>
 struct Sm90Config {
   static constexpr int kThreads = 256;  // two warpgroups
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 128;
-  static constexpr int kStages = 3;
+  // Head dim 256: Q takes 64 KB, so K and V run in rings of their own, two 64-key tiles each (attention_sm90_kernel).
+  static constexpr bool kSplitRings = D > 128;
+  static constexpr int kBlockN = kSplitRings ? 64 : 128;
+  static constexpr int kStages = kSplitRings ? 2 : 3;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKvTileBytes = kBlockN * D * 2;  // one of K or V
   static constexpr int kChunksPerRow = D / 8;
   // Q, the K/V ring, then per stage a 128-bit mask of the tile's present keys and an mbarrier.
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kKvTileBytes + kStages * 16 + kStages * 8;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // the base is rounded up to 1024 bytes
-  static_assert(D == 64 || D == 128, "head dim");
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
 };
 
 // The TMA descriptors of a call's K/V (a __grid_constant__ kernel parameter). Paged: one descriptor over the whole
@@ -89,6 +91,14 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // Host: fills `kv` for the call, or returns false (then the mma.sync kernel serves it): paged pages must be a power
 // of two of at least 8 slots (whole 1024-byte swizzle atoms per box), and the driver must offer the encoder.
 // tile_rows: the kernel's key tile (128, or 64 for the pair kernel), the most key rows a box holds.
+// Host: whether make_sm90_kv can describe the call's K/V (its own tests, ahead of encoding).
+inline bool sm90_kv_describable(const AttentionArgs& a) {
+  if (tensor_map_encoder() == nullptr) return false;
+  if (a.kv_mode == kKvPaged) return a.page_shift >= 3 && a.num_blocks >= 1 && a.num_layers >= 1;
+  const int64_t rows = a.kv_mode == kKvPadded ? static_cast<int64_t>(a.batch) * a.total_keys : a.total_keys;
+  return rows >= 1 && rows <= INT32_MAX;
+}
+
 template <typename T, int D>
 bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -303,7 +313,16 @@ __device__ __forceinline__ void wg_pv(float* o, const uint32_t (*pf)[4], uint32_
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks) {
     const uint64_t db = kStepAdd ? wgmma_desc_add(dv, ks * 16 * 128) : wgmma_desc(sV + ks * 16 * 128, BN * 128, 1024);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (D == 256) {  // two N=128 halves: V's column blocks 2 and 3 lie 2 * BN * 128 bytes on
+      const uint64_t db2 = wgmma_desc_add(db, 2 * BN * 128);
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        wgmma_rs_n128_bf16(o, pf[ks], db);
+        wgmma_rs_n128_bf16(o + 64, pf[ks], db2);
+      } else {
+        wgmma_rs_n128_f16(o, pf[ks], db);
+        wgmma_rs_n128_f16(o + 64, pf[ks], db2);
+      }
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if constexpr (D == 128) wgmma_rs_n128_bf16(o, pf[ks], db);
       else wgmma_rs_n64_bf16(o, pf[ks], db);
     } else {
@@ -663,9 +682,61 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     }
   };
 
+  // Split rings (head dim 256): group g = K of tile g (K slot g % 2) with V of tile g - 1 (V slot (g - 1) % 2), one
+  // mbarrier per group slot g % 2; entry_k / entry_v: lane i's page-table entry of box i of each tile. Iteration it
+  // waits for group it (its K, and the V its P V reads) and then issues group it + 1 into the K slot of tile it - 1
+  // (its Q K^T done) and the V slot of tile it - 2 (its P V done): a tile's lead for both, as the shared ring's three
+  // stages give. Warps 0-3: warp w issues K (w even) or V (w odd) column blocks w / 2 and w / 2 + 2.
+  auto issue_group = [&](int g, int32_t entry_k, int32_t entry_v) {
+    const bool has_k = g < num_tiles, has_v = g >= 1;
+    const int w4 = tid >> 5;
+    const uint32_t bar = sBar + 8 * (g & 1);
+    const int key0k = (tile_first + g) * BN, key0v = (tile_first + g - 1) * BN;
+    const int page_k = pool_page(a, entry_k), page_v = pool_page(a, entry_v);
+    if (w4 == 0) {
+      if (has_k) {
+        const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && page_k >= 0) : 0xffffffffu;
+#pragma unroll
+        for (int w = 0; w < BN / 32; ++w) {  // which of tile g's keys exist
+          const int kl = w * 32 + lane;
+          const bool ok = key0k + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
+          const unsigned bits = __ballot_sync(0xffffffff, ok);
+          if (lane == 0) sMask[(g & 1) * 4 + w] = bits;
+        }
+      }
+      if (lane == 0) mbar_expect_tx(bar, (has_k ? Cfg::kKvTileBytes : 0) + (has_v ? Cfg::kKvTileBytes : 0));
+    }
+    const bool is_v = (w4 & 1) != 0;
+    if (is_v ? has_v : has_k) {
+      const int key0 = is_v ? key0v : key0k;
+      const int page = is_v ? page_v : page_k;
+      const uint32_t dst0 = sKV + (is_v ? (2 + ((g - 1) & 1)) : (g & 1)) * Cfg::kKvTileBytes;
+      const CUtensorMap* map = is_v ? &kvm.v : &kvm.k;
+#pragma unroll
+      for (int h = w4 >> 1; h < D / 64; h += 2) {
+        const uint32_t dst = dst0 + h * BN * 128;
+        if (paged) {
+          if (lane < nbox) {
+            const int slot = key0 & (a.page_size - 1);
+            const int blk = page >= 0 ? page : a.num_blocks;  // past the pool: TMA writes zeros
+            tma_load_5d(dst + lane * rb * 128, map, bar, h * 64, hkv, slot, (is_v ? a.num_layers : 0) + layer, blk);
+          }
+        } else if (lane == 0) {
+          tma_load_3d(dst, map, bar, h * 64, hkv, st.kv_base + key0);
+        }
+      }
+    }
+  };
+
   int page_next = -1;
+  int page_cur = -1;  // split rings: the entry of the K tile issued last (its V goes out with the next group)
   if (num_tiles > 0 && tid < 128) {
-    issue_tile(tile_first, 0, fetch_page(tile_first));
+    if constexpr (Cfg::kSplitRings) {
+      page_cur = fetch_page(tile_first);
+      issue_group(0, page_cur, -1);
+    } else {
+      issue_tile(tile_first, 0, fetch_page(tile_first));
+    }
     page_next = fetch_page(tile_first + 1);
   }
 
@@ -737,7 +808,65 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   };
   auto rescale_and_pack = [&]() { wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr); };
 
-  if (num_tiles > 0) {
+  if constexpr (Cfg::kSplitRings) {
+    const uint32_t sV0 = sKV + 2 * Cfg::kKvTileBytes;
+    auto group_ready = [&](int g) {  // group g has landed, and every warp is done with iteration g - 1
+      mbar_wait(sBar + 8 * (g & 1), (g >> 1) & 1);
+      fence_proxy_async();
+      __syncthreads();
+    };
+    auto issue_next_group = [&](int it) {  // group it + 1: K of tile it + 1 (if any), V of tile it
+      if (tid < 128) {
+        issue_group(it + 1, it + 1 < num_tiles ? page_next : -1, page_cur);
+        page_cur = page_next;
+        page_next = fetch_page(tile_first + it + 2);
+      }
+    };
+    // V rows of keys past the sequence in tile j (landed with group j + 1): zero, visible before its P V.
+    auto zero_v = [&](int j) {
+      const int r0 = kmax - (tile_first + j) * BN;
+      if (r0 < BN) {  // CTA-uniform
+        zero_rows_sw128<BN, D, Cfg::kThreads>(sbase + Cfg::kQBytes + (2 + (j & 1)) * Cfg::kKvTileBytes, max(r0, 0),
+                                              tid);
+        fence_proxy_async();
+        __syncthreads();
+      }
+    };
+    auto qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, sKV + (it & 1) * Cfg::kKvTileBytes); };
+    auto pv = [&](int j) { wg_pv<T, BN, D>(o, pf, sV0 + (j & 1) * Cfg::kKvTileBytes); };
+    if (num_tiles > 0) {
+      group_ready(0);
+      issue_next_group(0);
+      wgmma_fence();
+      qk(0);
+      wgmma_wait<0>();
+      fence_regs<NS * 4>(s);
+      softmax(0);
+      rescale_and_pack();
+      for (int it = 1; it < num_tiles; ++it) {
+        group_ready(it);
+        issue_next_group(it);
+        zero_v(it - 1);
+        fence_regs<ND * 4>(o);
+        wgmma_fence();
+        qk(it);
+        pv(it - 1);
+        wgmma_wait<1>();
+        fence_regs<NS * 4>(s);
+        softmax(it);
+        wgmma_wait<0>();
+        fence_regs<ND * 4>(o);
+        rescale_and_pack();
+      }
+      group_ready(num_tiles);  // the last V
+      zero_v(num_tiles - 1);
+      fence_regs<ND * 4>(o);
+      wgmma_fence();
+      pv(num_tiles - 1);
+      wgmma_wait<0>();
+      fence_regs<ND * 4>(o);
+    }
+  } else if (num_tiles > 0) {
     tile_ready(0);
     load_next(0);
     zero_tail(0);

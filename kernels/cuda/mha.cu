@@ -50,9 +50,11 @@ Error check_launch(const char* target) {
   X(__nv_bfloat16, 256, 8, 3)         \
   X(__nv_bfloat16, 256, 16, 3)        \
   X(__nv_bfloat16, 256, 64, 2)        \
+  X(__nv_bfloat16, 256, 128, 2)       \
   X(__half, 256, 8, 3)                \
   X(__half, 256, 16, 3)               \
-  X(__half, 256, 64, 2)
+  X(__half, 256, 64, 2)               \
+  X(__half, 256, 128, 2)
 
 // Ragged queries: a bound on the x tiles that sequences use. Sequence b needs ceil(n_b * group / bm) tiles for its
 // n_b rows; n_b * group and bm are multiples of d = gcd(group, bm), so that is at most (n_b * group + bm - d) / bm.
@@ -85,12 +87,15 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
   bool launched = false;
   bool zeroed = false;  // rows owned by no sequence written by the attention kernel (a warp of the persistent
                         // kernels, unsplit; spare CTAs of attention_kernel)
-  // The sm_90 kernels' 128-row tile, for the head dims they take (D=256 runs on attention_kernel's 64-row tile).
-  constexpr bool kSm90Tile = D <= 128 && BM == 128;
+  // The sm_90 kernels' 128-row tile. Head dims past 128 have no mma.sync kernel of this height: tile_height asks
+  // for it only where the CTA-per-tile wgmma kernel can serve the call (sm90_tile_at).
+  constexpr bool kSm90Tile = BM == Sm90Config<T, D>::kBlockM;
+  constexpr bool kWide = D > 128;
   if constexpr (kSm90Tile) {
-    static_assert(BM == Sm90Config<T, D>::kBlockM, "the sm_90 tile height");
     Sm90Kv kv;  // the TMA descriptors; without them (page size, driver) the mma.sync kernel serves the call
-    if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv)) {
+    if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv, Sm90Config<T, D>::kBlockN)) {
+      bool persistent = false;
+      if constexpr (!kWide) {
       // The warp-specialized persistent kernel where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
       const int64_t items = static_cast<int64_t>(grid_x) * a.Hkv * grid.z;
       static const bool ws_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kLaunchRegs);
@@ -124,12 +129,16 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
         note_launch(kLaunchSm90Pair);
         launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc, kv_pair,
                   pair_items, static_cast<int>(pair_tiles));
+        persistent = true;
         zeroed = a.num_partitions <= 1;
       } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
         note_launch(kLaunchSm90Ws);
         launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, kv, items, grid_x);
+        persistent = true;
         zeroed = a.num_partitions <= 1;
-      } else {
+      }
+      }  // (head dim 256: the CTA-per-tile kernel; the persistent ones hold two Q tiles, which do not fit)
+      if (!persistent) {
         using C90 = Sm90Config<T, D>;
         auto kernel = attention_sm90_kernel<T, D>;
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C90::kSmemAlloc);
@@ -141,7 +150,9 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     }
   }
   bool clustered = false;  // split-K partitions merged in the attention kernel, in clusters
-  if (grid_x > 0 && !launched) {
+  if constexpr (kWide && BM == 128) {
+    if (grid_x > 0 && !launched) return invalid(target, "no kernel for a 128-row tile at this head dim here");
+  } else if (grid_x > 0 && !launched) {
     auto kernel = attention_kernel<T, D, BM, STAGES>;
     // Ragged queries: x tiles past the tile bound, whose CTAs zero the rows owned by no sequence where the kernel
     // merges every partition (one, or a cluster); the combine kernel zeroes them after a split launched here.
@@ -217,10 +228,11 @@ bool supported(DataType dt, int64_t d) {
 }
 
 // Query tile height: the routing ladder's choice, or from shapes when the op has no plan.
-int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group, int64_t d) {
-  // Kernels exist for 8-, 16-, 64- and 128-row tiles (decode; the ladder's 1q / 2q prefill tiles); head dims past
-  // 128 for 8-, 16- and 64-row tiles only.
-  const int64_t top = d > 128 ? 64 : 128;
+int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group, int64_t d, const AttentionArgs& a) {
+  // Kernels exist for 8-, 16-, 64- and 128-row tiles (decode; the ladder's 1q / 2q prefill tiles). Past head dim
+  // 128 the 128-row tile is the sm_90 CTA-per-tile kernel's alone: where it cannot serve the call (another GPU, or
+  // K/V that no TMA descriptor describes), 64 rows.
+  const int64_t top = d <= 128 || (use_wgmma() && sm90_kv_describable(a)) ? 128 : 64;
   if (requested > 0) return requested <= 8 ? 8 : requested <= 16 ? 16 : requested <= 64 ? 64 : top;
   const int64_t rows = max_rows_per_seq * group;
   return rows <= 8 ? 8 : rows <= 16 ? 16 : rows < 128 ? 64 : top;
@@ -299,7 +311,7 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   fill_paged(a, kv, cache_lengths, lut, layer);
   if (has_sink) a.sink = sink.untyped_data();
   if (Error e = set_workspace(target, a, ws_o, ws_lse, T); e.failure()) return e;
-  const int bm = tile_height(tile_m, T - B + 1, a.group, D);
+  const int bm = tile_height(tile_m, T - B + 1, a.group, D, a);
   return dispatch_ragged(stream, q.element_type(), static_cast<int>(D), bm, a, T, B, target);
 }
 
@@ -326,7 +338,7 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   a.valid_lengths = static_cast<const int32_t*>(valid_lengths.untyped_data());
   fill_paged(a, kv, cache_lengths, lut, layer);
   if (Error e = set_workspace(target, a, ws_o, ws_lse, B * S); e.failure()) return e;
-  const int bm = tile_height(tile_m, S, a.group, D);
+  const int bm = tile_height(tile_m, S, a.group, D, a);
   const int grid_x = static_cast<int>(B * ceil_div(S * a.group, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
@@ -352,7 +364,7 @@ Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.v = v.untyped_data();
   a.kv_offsets = static_cast<const int32_t*>(kv_offsets.untyped_data());
   a.total_keys = static_cast<int>(dim(k, 0));
-  const int bm = tile_height(0, T - B + 1, a.group, D);
+  const int bm = tile_height(0, T - B + 1, a.group, D, a);
   return dispatch_ragged(stream, q.element_type(), static_cast<int>(D), bm, a, T, B, target);
 }
 
@@ -377,7 +389,7 @@ Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.k = k.untyped_data();
   a.v = v.untyped_data();
   a.total_keys = static_cast<int>(dim(k, 1));
-  const int bm = tile_height(0, S, a.group, D);
+  const int bm = tile_height(0, S, a.group, D, a);
   const int grid_x = static_cast<int>(B * ceil_div(S * a.group, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
