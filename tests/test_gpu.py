@@ -1241,7 +1241,7 @@ def test_cuda_indexer_long_context_and_cpu(mp, topk, init_blocks, local_blocks):
 def test_cuda_property_suite():
     """The hypothesis property checks of test_property.py (random shapes, masks, sinks, split-K, the 128-row tile,
     ids and pages out of range), on the GPU with implementation='auto': the CUDA kernels where they cover the
-    shape (bf16/f16, D 64/128; MSA bf16/fp8; every indexer shape drawn), the reference lowering elsewhere."""
+    shape (bf16/f16, D 64/128/256; MSA bf16/fp8; every indexer shape drawn), the reference lowering elsewhere."""
     from hypothesis import given
     from test_property import (
         SETTINGS,

@@ -32,7 +32,7 @@ def paged_problems(draw):
     pad = draw(st.integers(0, 5))
     hkv = draw(st.sampled_from([1, 2]))
     group = draw(st.sampled_from([1, 2, 4, 8]))
-    d = draw(st.sampled_from([16, 64, 128]))
+    d = draw(st.sampled_from([16, 64, 128, 256]))
     page = draw(st.sampled_from([8, 16, 32]))
     mask = draw(st.sampled_from(MASKS))
     window = draw(st.integers(1, 50))
