@@ -88,7 +88,7 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
   bool zeroed = false;  // rows owned by no sequence written by the attention kernel (a warp of the persistent
                         // kernels, unsplit; spare CTAs of attention_kernel)
   // The sm_90 kernels' 128-row tile. Head dims past 128 have no mma.sync kernel of this height: tile_height asks
-  // for it only where the CTA-per-tile wgmma kernel can serve the call (sm90_tile_at).
+  // for it only where the CTA-per-tile wgmma kernel can serve the call (use_wgmma, sm90_kv_describable).
   constexpr bool kSm90Tile = BM == Sm90Config<T, D>::kBlockM;
   constexpr bool kWide = D > 128;
   if constexpr (kSm90Tile) {
