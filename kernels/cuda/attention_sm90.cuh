@@ -88,9 +88,6 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// Host: fills `kv` for the call, or returns false (then the mma.sync kernel serves it): paged pages must be a power
-// of two of at least 8 slots (whole 1024-byte swizzle atoms per box), and the driver must offer the encoder.
-// tile_rows: the kernel's key tile (128, or 64 for the pair kernel), the most key rows a box holds.
 // Host: whether make_sm90_kv can describe the call's K/V (its own tests, ahead of encoding).
 inline bool sm90_kv_describable(const AttentionArgs& a) {
   if (tensor_map_encoder() == nullptr) return false;
@@ -99,6 +96,10 @@ inline bool sm90_kv_describable(const AttentionArgs& a) {
   return rows >= 1 && rows <= INT32_MAX;
 }
 
+// Host: fills `kv` for the call, or returns false (then the mma.sync kernel serves it): paged pages must be a power
+// of two of at least 8 slots (whole 1024-byte swizzle atoms per box), and the driver must offer the encoder.
+// tile_rows: the kernel's key tile (128, or 64 for the pair kernel and at head dim 256), the most key rows a box
+// holds.
 template <typename T, int D>
 bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();

@@ -204,7 +204,8 @@ Error dispatch(cudaStream_t stream, DataType dt, int d, int bm, const AttentionA
     return launch_attention<T, D_, BM_, ST_>(stream, a, grid_x, target);
   MSA_OPS_ATTENTION_CONFIGS(MSA_OPS_DISPATCH)
 #undef MSA_OPS_DISPATCH
-  return invalid(target, "no CUDA kernel for dtype/head_dim " + std::to_string(d) + " (supported: bf16/f16, 64/128/256)");
+  return invalid(target,
+                 "no CUDA kernel for dtype/head_dim " + std::to_string(d) + " (supported: bf16/f16, 64/128/256)");
 }
 
 // A ragged call of T rows and B sequences over ragged_tiles x tiles, refused where they and the spare tiles would
