@@ -774,30 +774,75 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   float s[NS * 4];
   uint32_t pf[BN / 16][4];
   float corr[2];
-  auto stage_k = [&](int it) { return sKV + (it % STAGES) * 2 * Cfg::kKvTileBytes; };
-  auto tile_ready = [&](int it) {  // tile it has landed, and every warp is done with iteration it - 1
-    mbar_wait(sBar + 8 * (it % STAGES), (it / STAGES) & 1);
+  // The ring's hooks. Shared ring (D <= 128): stage it % STAGES holds K and V of tile it. Split rings (D = 256): K of
+  // tile it in K slot it % 2, V in V slot it % 2, landed with group it and group it + 1 (issue_group).
+  auto k_slot = [&](int it) {
+    return Cfg::kSplitRings ? sKV + (it & 1) * Cfg::kKvTileBytes : sKV + (it % STAGES) * 2 * Cfg::kKvTileBytes;
+  };
+  auto v_slot = [&](int it) {
+    return Cfg::kSplitRings ? sKV + (2 + (it & 1)) * Cfg::kKvTileBytes : k_slot(it) + Cfg::kKvTileBytes;
+  };
+  // Stage (group) `it` has landed, and every warp is done with iteration it - 1.
+  auto ready = [&](int it) {
+    if constexpr (Cfg::kSplitRings) mbar_wait(sBar + 8 * (it & 1), (it >> 1) & 1);  // two group slots
+    else mbar_wait(sBar + 8 * (it % STAGES), (it / STAGES) & 1);
     fence_proxy_async();  // this thread's Q stores and V zeroing are read next by the tensor cores
     __syncthreads();
   };
-  // Tile it+1 starts loading (into the stage tile it-2 used). Issued before iteration it's MMAs: with the
-  // cp.async loader that measured 5% faster on the H200 than after them (381 against 361 TFLOP/s at S=8k), with
-  // TMA 10% (504 against 450).
+  // The next loads, issued before iteration it's MMAs: with the cp.async loader that measured 5% faster on the H200
+  // than after them (381 against 361 TFLOP/s at S=8k), with TMA 10% (504 against 450). Shared ring: tile it+1 (into
+  // the stage tile it-2 used). Split rings: group it + 1, K of tile it + 1 (if any) and V of tile it.
   auto load_next = [&](int it) {
-    if (tid < 128 && it + 1 < num_tiles) {
+    if constexpr (Cfg::kSplitRings) {
+      if (tid < 128) {
+        issue_group(it + 1, it + 1 < num_tiles ? page_next : -1, page_cur);
+        page_cur = page_next;
+        page_next = fetch_page(tile_first + it + 2);
+      }
+    } else if (tid < 128 && it + 1 < num_tiles) {
       issue_tile(tile_first + it + 1, (it + 1) % STAGES, page_next);
       page_next = fetch_page(tile_first + it + 2);
     }
   };
-  // V rows of keys past the sequence that tile it's boxes brought in (the sequence's last tile): zero.
-  auto zero_tail = [&](int it) {
-    const int r0 = kmax - (tile_first + it) * BN;
-    if (r0 < BN)  // r0 < 0: a tile wholly past the keys (a window past a cache that overflows its page table)
-      zero_rows_sw128<BN, D, Cfg::kThreads>(
-          sbase + Cfg::kQBytes + (it % STAGES) * 2 * Cfg::kKvTileBytes + Cfg::kKvTileBytes, max(r0, 0), tid);
+  // V rows of keys past the sequence that tile j's boxes brought in (the sequence's last tile): zero. r0 < 0: a tile
+  // wholly past the keys (a window past a cache that overflows its page table).
+  auto zero_tail = [&](int j) {
+    const int r0 = kmax - (tile_first + j) * BN;
+    if (r0 < BN) zero_rows_sw128<BN, D, Cfg::kThreads>(sbase + (v_slot(j) - sQ), max(r0, 0), tid);
   };
-  auto issue_qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, stage_k(it)); };
-  auto issue_pv = [&](int it) { wg_pv<T, BN, D>(o, pf, stage_k(it) + Cfg::kKvTileBytes); };
+  // Split rings: tile j's V rows past the keys zeroed and fenced before this iteration's P V reads them (a barrier
+  // of its own, on that tile only; CTA-uniform).
+  auto zero_prev = [&](int j) {
+    if (kmax - (tile_first + j) * BN < BN) {
+      zero_tail(j);
+      fence_proxy_async();
+      __syncthreads();
+    }
+  };
+  // Iteration it's start (first: it == 0): its tile ready, the next loads out, V rows past the keys zeroed. Shared
+  // ring: tile it's own V, seen by the tensor cores after the next ready's fence and barrier. Split rings: tile
+  // it - 1's V, which landed with group it and is read in this iteration.
+  auto begin = [&](int it, bool first) {
+    ready(it);
+    load_next(it);
+    if constexpr (Cfg::kSplitRings) {
+      if (!first) zero_prev(it - 1);
+    } else {
+      zero_tail(it);
+    }
+  };
+  // After the last tile's step: its V (split rings: the last group, V alone) ready for every warp's P V.
+  auto end = [&]() {
+    if constexpr (Cfg::kSplitRings) {
+      ready(num_tiles);
+      zero_prev(num_tiles - 1);
+    } else {
+      fence_proxy_async();  // the last tile's zeroed V rows, for every warp's P V
+      __syncthreads();
+    }
+  };
+  auto issue_qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, k_slot(it)); };
+  auto issue_pv = [&](int it) { wg_pv<T, BN, D>(o, pf, v_slot(it)); };
   // Online softmax of tile `it` (wg_dense_softmax); the exponentials stay in s.
   auto softmax = [&](int it) {
     const uint32_t* vm = sMask + (it % STAGES) * 4;
@@ -809,68 +854,8 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   };
   auto rescale_and_pack = [&]() { wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr); };
 
-  if constexpr (Cfg::kSplitRings) {
-    const uint32_t sV0 = sKV + 2 * Cfg::kKvTileBytes;
-    auto group_ready = [&](int g) {  // group g has landed, and every warp is done with iteration g - 1
-      mbar_wait(sBar + 8 * (g & 1), (g >> 1) & 1);
-      fence_proxy_async();
-      __syncthreads();
-    };
-    auto issue_next_group = [&](int it) {  // group it + 1: K of tile it + 1 (if any), V of tile it
-      if (tid < 128) {
-        issue_group(it + 1, it + 1 < num_tiles ? page_next : -1, page_cur);
-        page_cur = page_next;
-        page_next = fetch_page(tile_first + it + 2);
-      }
-    };
-    // V rows of keys past the sequence in tile j (landed with group j + 1): zero, visible before its P V.
-    auto zero_v = [&](int j) {
-      const int r0 = kmax - (tile_first + j) * BN;
-      if (r0 < BN) {  // CTA-uniform
-        zero_rows_sw128<BN, D, Cfg::kThreads>(sbase + Cfg::kQBytes + (2 + (j & 1)) * Cfg::kKvTileBytes, max(r0, 0),
-                                              tid);
-        fence_proxy_async();
-        __syncthreads();
-      }
-    };
-    auto qk = [&](int it) { wg_qk<T, BM, BN, D>(s, q_wg, sKV + (it & 1) * Cfg::kKvTileBytes); };
-    auto pv = [&](int j) { wg_pv<T, BN, D>(o, pf, sV0 + (j & 1) * Cfg::kKvTileBytes); };
-    if (num_tiles > 0) {
-      group_ready(0);
-      issue_next_group(0);
-      wgmma_fence();
-      qk(0);
-      wgmma_wait<0>();
-      fence_regs<NS * 4>(s);
-      softmax(0);
-      rescale_and_pack();
-      for (int it = 1; it < num_tiles; ++it) {
-        group_ready(it);
-        issue_next_group(it);
-        zero_v(it - 1);
-        fence_regs<ND * 4>(o);
-        wgmma_fence();
-        qk(it);
-        pv(it - 1);
-        wgmma_wait<1>();
-        fence_regs<NS * 4>(s);
-        softmax(it);
-        wgmma_wait<0>();
-        fence_regs<ND * 4>(o);
-        rescale_and_pack();
-      }
-      group_ready(num_tiles);  // the last V
-      zero_v(num_tiles - 1);
-      fence_regs<ND * 4>(o);
-      wgmma_fence();
-      pv(num_tiles - 1);
-      wgmma_wait<0>();
-      fence_regs<ND * 4>(o);
-    }
-  } else if (num_tiles > 0) {
-    tile_ready(0);
-    load_next(0);
-    zero_tail(0);
+  if (num_tiles > 0) {
+    begin(0, true);
     wgmma_fence();
     issue_qk(0);
     wgmma_wait<0>();
@@ -878,9 +863,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     softmax(0);
     rescale_and_pack();
     for (int it = 1; it < num_tiles; ++it) {
-      tile_ready(it);
-      load_next(it);
-      zero_tail(it);
+      begin(it, false);
       fence_regs<ND * 4>(o);
       wgmma_fence();
       issue_qk(it);
@@ -892,8 +875,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
       fence_regs<ND * 4>(o);
       rescale_and_pack();
     }
-    fence_proxy_async();  // the last tile's zeroed V rows, for every warp's P V
-    __syncthreads();
+    end();
     fence_regs<ND * 4>(o);
     wgmma_fence();
     issue_pv(num_tiles - 1);
