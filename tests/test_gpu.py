@@ -398,6 +398,29 @@ def test_cuda_mha_decode_more_ctas_than_slots(dtype, d, group, page):
         assert_close(got, oracle.mha_ragged_paged(*args, sink_weights=sk, **kw), budget_for(dtype))
 
 
+def check_no_cache(rng, mask, window, h, hkv, d, n, nk, ragged_dtype, padded_s, vlen, padded_dtype):
+    """Both no-cache ops against the oracle: ragged (query rows n, key rows nk a sequence, padding rows after) and
+    padded (S, Sk = padded_s; valid lengths vlen), native."""
+    q = rand(rng, (sum(n) + 3, h, d), ragged_dtype)
+    k = rand(rng, (sum(nk) + 2, hkv, d), ragged_dtype)
+    v = rand(rng, (sum(nk) + 2, hkv, d), ragged_dtype)
+    qo = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str=mask, local_window_size=window,
+                                                         implementation="native"))(q, k, v, qo, ko)
+    want = oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str=mask, local_window_size=window)
+    assert_close(got, want, budget_for(ragged_dtype), what="ragged no cache")
+    b, (s, sk) = len(vlen), padded_s
+    qp = rand(rng, (b, s, h, d), padded_dtype)
+    kp = rand(rng, (b, sk, hkv, d), padded_dtype)
+    vp = rand(rng, (b, sk, hkv, d), padded_dtype)
+    vl = np.array(vlen, np.int32)
+    got = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, mask_str=mask, local_window_size=window,
+                                                         implementation="native"))(qp, kp, vp, vl)
+    want = oracle.mha_padded_no_cache(qp, kp, vp, vl, mask_str=mask, local_window_size=window)
+    assert_close(got, want, budget_for(padded_dtype), what="padded no cache")
+
+
 def _d256_cases():
     rng = np.random.default_rng(256)
     return [dict(seed=i, scenario=SCENARIOS[i % len(SCENARIOS)], mask=MASKS[(i // 2) % len(MASKS)],
@@ -457,22 +480,8 @@ def test_cuda_mha_head_dim_256_other_ops(mask):
             *a, mask_str=mask, local_window_size=40, num_partitions=np_, implementation="native"))(*args)
         want = oracle.mha_padded_paged(*args, mask_str=mask, local_window_size=40)
         assert_close(got, want, budget_for(jnp.bfloat16), what=f"padded paged S={s}")
-    n, nk = [5, 0, 140, 1], [9, 3, 140, 1]
-    q = rand(rng, (sum(n) + 3, h, d), jnp.float16)
-    k = rand(rng, (sum(nk) + 2, hkv, d), jnp.float16)
-    v = rand(rng, (sum(nk) + 2, hkv, d), jnp.float16)
-    qo = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
-    ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
-    got = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str=mask, local_window_size=40,
-                                                         implementation="native"))(q, k, v, qo, ko)
-    want = oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str=mask, local_window_size=40)
-    assert_close(got, want, budget_for(jnp.float16), what="ragged no cache")
-    qp, kp, vp = (rand(rng, (2, 130, x, d), jnp.bfloat16) for x in (h, hkv, hkv))
-    vlen = np.array([130, 77], np.int32)
-    got = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, mask_str=mask, local_window_size=40,
-                                                         implementation="native"))(qp, kp, vp, vlen)
-    want = oracle.mha_padded_no_cache(qp, kp, vp, vlen, mask_str=mask, local_window_size=40)
-    assert_close(got, want, budget_for(jnp.bfloat16), what="padded no cache")
+    check_no_cache(rng, mask, 40, h, hkv, d, [5, 0, 140, 1], [9, 3, 140, 1], jnp.float16, (130, 130), [130, 77],
+                   jnp.bfloat16)
 
 
 @pytest.mark.parametrize("np_", [0, 1, 5])
@@ -495,28 +504,9 @@ def test_cuda_mha_padded_paged_matches_oracle(np_, mask):
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("group", [1, 4])
 def test_cuda_no_cache_matches_oracle(mask, group):
-    rng = np.random.default_rng(11)
-    hkv, d = 2, 64
-    h = hkv * group
-    n = [5, 0, 70, 1]
-    nk = [9, 3, 70, 1]
-    q = rand(rng, (sum(n) + 3, h, d), jnp.bfloat16)
-    k = rand(rng, (sum(nk) + 2, hkv, d), jnp.bfloat16)
-    v = rand(rng, (sum(nk) + 2, hkv, d), jnp.bfloat16)
-    qo = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
-    ko = np.concatenate([[0], np.cumsum(nk)]).astype(np.int32)
-    got = jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, mask_str=mask, local_window_size=4,
-                                                         implementation="native"))(q, k, v, qo, ko)
-    want = oracle.mha_ragged_no_cache(q, k, v, qo, ko, mask_str=mask, local_window_size=4)
-    assert_close(got, want, budget_for(jnp.bfloat16))
-    qp = rand(rng, (3, 20, h, d), jnp.float16)
-    kp = rand(rng, (3, 24, hkv, d), jnp.float16)
-    vp = rand(rng, (3, 24, hkv, d), jnp.float16)
-    vlen = np.array([20, 0, 13], np.int32)
-    got = jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, mask_str=mask, local_window_size=4,
-                                                         implementation="native"))(qp, kp, vp, vlen)
-    want = oracle.mha_padded_no_cache(qp, kp, vp, vlen, mask_str=mask, local_window_size=4)
-    assert_close(got, want, budget_for(jnp.float16))
+    hkv = 2
+    check_no_cache(np.random.default_rng(11), mask, 4, hkv * group, hkv, 64, [5, 0, 70, 1], [9, 3, 70, 1],
+                   jnp.bfloat16, (20, 24), [20, 0, 13], jnp.float16)
 
 
 def _rising_scores_case(rng, n, cache_len, hkv, group, levels, sink, dtype=jnp.bfloat16):
