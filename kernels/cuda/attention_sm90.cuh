@@ -645,6 +645,31 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   // division and a shuffle per mask word here, paged K/V ran at 0.78x of contiguous at S=8k on the H200; 0.99x
   // without (ncu: its warpgroup's MMAs waited on warp 0, and every load left later).
   const int rb_shift = __ffs(rb) - 1;
+  // Warp 0: which of the keys of the tile from key0 exist (below kmax, in a box whose page exists), into mask slot
+  // `ms`; page: lane i's pool page of box i.
+  auto write_mask = [&](int key0, int page, int ms) {
+    const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && page >= 0) : 0xffffffffu;
+#pragma unroll
+    for (int w = 0; w < BN / 32; ++w) {
+      const int kl = w * 32 + lane;
+      const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
+      const unsigned bits = __ballot_sync(0xffffffff, ok);
+      if (lane == 0) sMask[ms * 4 + w] = bits;
+    }
+  };
+  // One warp: column block h (64 columns) of the K or V tile (map: kvm.k or kvm.v) from key0 into dst, against
+  // mbarrier bar; paged, lane i its box i (page: lane i's pool page of it).
+  auto load_block = [&](uint32_t dst, const CUtensorMap* map, bool is_v, int h, int key0, int page, uint32_t bar) {
+    if (paged) {
+      if (lane < nbox) {
+        const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
+        const int blk = page >= 0 ? page : a.num_blocks;  // past the pool: TMA writes zeros
+        tma_load_5d(dst + lane * rb * 128, map, bar, h * 64, hkv, slot, (is_v ? a.num_layers : 0) + layer, blk);
+      }
+    } else if (lane == 0) {
+      tma_load_3d(dst, map, bar, h * 64, hkv, st.kv_base + key0);  // rows past the tensor: zeros
+    }
+  };
   // The warps of warpgroup 0 share the issue: warp w loads half w / 2 of K (w even) or V (w odd), lane i its box
   // i, so no warp issues more than one copy per box (warp 0 alone issued four). Warp 0 also writes the mask and
   // the expected bytes. Every one of these warps reads the tile's page entries (lane i: box i).
@@ -655,32 +680,15 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     const uint32_t sK = sKV + stage * 2 * Cfg::kKvTileBytes;
     const int key0 = tile * BN;
     if (w4 == 0) {
-      const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
-#pragma unroll
-      for (int w = 0; w < BN / 32; ++w) {  // which of the tile's keys exist
-        const int kl = w * 32 + lane;
-        const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
-        const unsigned bits = __ballot_sync(0xffffffff, ok);
-        if (lane == 0) sMask[stage * 4 + w] = bits;
-      }
+      write_mask(key0, my_page, stage);
       // Before or after the other warps' copies complete: the phase needs this arrival either way.
       if (lane == 0) mbar_expect_tx(bar, 2 * Cfg::kKvTileBytes);
     }
     const int h = w4 >> 1;
     const bool is_v = (w4 & 1) != 0;
-    if (h < D / 64) {
-      const uint32_t dst = sK + (is_v ? Cfg::kKvTileBytes : 0) + h * BN * 128;
-      const CUtensorMap* map = is_v ? &kvm.v : &kvm.k;
-      if (paged) {
-        if (lane < nbox) {
-          const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
-          const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
-          tma_load_5d(dst + lane * rb * 128, map, bar, h * 64, hkv, slot, (is_v ? a.num_layers : 0) + layer, blk);
-        }
-      } else if (lane == 0) {
-        tma_load_3d(dst, map, bar, h * 64, hkv, st.kv_base + key0);  // rows past the tensor: zeros
-      }
-    }
+    if (h < D / 64)
+      load_block(sK + (is_v ? Cfg::kKvTileBytes : 0) + h * BN * 128, is_v ? &kvm.v : &kvm.k, is_v, h, key0, my_page,
+                 bar);
   };
 
   // Split rings (head dim 256): group g = K of tile g (K slot g % 2) with V of tile g - 1 (V slot (g - 1) % 2), one
@@ -695,16 +703,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
     const int key0k = (tile_first + g) * BN, key0v = (tile_first + g - 1) * BN;
     const int page_k = pool_page(a, entry_k), page_v = pool_page(a, entry_v);
     if (w4 == 0) {
-      if (has_k) {
-        const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && page_k >= 0) : 0xffffffffu;
-#pragma unroll
-        for (int w = 0; w < BN / 32; ++w) {  // which of tile g's keys exist
-          const int kl = w * 32 + lane;
-          const bool ok = key0k + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
-          const unsigned bits = __ballot_sync(0xffffffff, ok);
-          if (lane == 0) sMask[(g & 1) * 4 + w] = bits;
-        }
-      }
+      if (has_k) write_mask(key0k, page_k, g & 1);
       if (lane == 0) mbar_expect_tx(bar, (has_k ? Cfg::kKvTileBytes : 0) + (has_v ? Cfg::kKvTileBytes : 0));
     }
     const bool is_v = (w4 & 1) != 0;
@@ -714,18 +713,7 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
       const uint32_t dst0 = sKV + (is_v ? (2 + ((g - 1) & 1)) : (g & 1)) * Cfg::kKvTileBytes;
       const CUtensorMap* map = is_v ? &kvm.v : &kvm.k;
 #pragma unroll
-      for (int h = w4 >> 1; h < D / 64; h += 2) {
-        const uint32_t dst = dst0 + h * BN * 128;
-        if (paged) {
-          if (lane < nbox) {
-            const int slot = key0 & (a.page_size - 1);
-            const int blk = page >= 0 ? page : a.num_blocks;  // past the pool: TMA writes zeros
-            tma_load_5d(dst + lane * rb * 128, map, bar, h * 64, hkv, slot, (is_v ? a.num_layers : 0) + layer, blk);
-          }
-        } else if (lane == 0) {
-          tma_load_3d(dst, map, bar, h * 64, hkv, st.kv_base + key0);
-        }
-      }
+      for (int h = w4 >> 1; h < D / 64; h += 2) load_block(dst0 + h * BN * 128, map, is_v, h, key0, page, bar);
     }
   };
 
