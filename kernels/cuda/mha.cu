@@ -96,47 +96,47 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv, Sm90Config<T, D>::kBlockN)) {
       bool persistent = false;
       if constexpr (!kWide) {
-      // The warp-specialized persistent kernel where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
-      const int64_t items = static_cast<int64_t>(grid_x) * a.Hkv * grid.z;
-      static const bool ws_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kLaunchRegs);
-      static const bool pair_regs_ok =
-          kernel_holds_regs(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kLaunchRegs);
-      const int sms = device_sm_count();
-      // The walk (ws_sm90.cuh): the kv heads slowest with no mask; otherwise the heads slowest for short
-      // sequences and bands of the weight order for long ones (decided by the CTAs, which count the tiles);
-      // MSA_OPS_DENSE_WS_WALK=0/1/2/3 picks one (heads fastest, heads slowest, bands, that choice) for measurements.
-      int walk = a.mask == kMaskNull ? kWsHeadsSlowest : kWsShortSlowest;
-      if (const char* w = std::getenv("MSA_OPS_DENSE_WS_WALK"); w != nullptr && w[0] >= '0' && w[0] <= '3')
-        walk = w[0] - '0';
-      // Short sequences: the pair kernel's 64-row items (ws_pair_wanted), where it can serve the call.
-      const int64_t pair_tiles = ws_pair_wanted(a) ? ragged_tiles(a.total_rows, a.batch, a.group, 64) : 0;
-      const int64_t pair_items = pair_tiles * a.Hkv * grid.z;
-      CUtensorMap qmap;
-      // A persistent launch over n items of `tiles` query tiles: one CTA per SM at most; warps' whole 16-row slices
-      // leave by TMA store where the output allows it (else omap is unread).
-      auto launch_ws = [&](auto kernel, int threads, int smem, const Sm90Kv& kvm, int64_t n, int tiles) {
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        CUtensorMap omap{};
-        const bool tma_store = make_dense_out_map<T, D>(a, &omap);
-        kernel<<<static_cast<int>(n < sms ? n : sms), threads, smem, stream>>>(a, kvm, qmap, tiles, walk, omap,
-                                                                              tma_store ? 1 : 0);
-      };
-      // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
-      Sm90Kv kv_pair;  // the pair kernel's boxes: its 64-key tiles
-      if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 &&
-          make_dense_q_map<T, D>(a, &qmap, DenseWsPair<D>::kBlockM) &&
-          make_sm90_kv<T, D>(a, &kv_pair, DenseWsPair<D>::kBlockN)) {
-        note_launch(kLaunchSm90Pair);
-        launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc, kv_pair,
-                  pair_items, static_cast<int>(pair_tiles));
-        persistent = true;
-        zeroed = a.num_partitions <= 1;
-      } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
-        note_launch(kLaunchSm90Ws);
-        launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, kv, items, grid_x);
-        persistent = true;
-        zeroed = a.num_partitions <= 1;
-      }
+        // The warp-specialized persistent kernel where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
+        const int64_t items = static_cast<int64_t>(grid_x) * a.Hkv * grid.z;
+        static const bool ws_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kLaunchRegs);
+        static const bool pair_regs_ok =
+            kernel_holds_regs(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kLaunchRegs);
+        const int sms = device_sm_count();
+        // The walk (ws_sm90.cuh): the kv heads slowest with no mask; otherwise the heads slowest for short
+        // sequences and bands of the weight order for long ones (decided by the CTAs, which count the tiles);
+        // MSA_OPS_DENSE_WS_WALK=0/1/2/3 picks one (heads fastest, heads slowest, bands, that choice) for measurements.
+        int walk = a.mask == kMaskNull ? kWsHeadsSlowest : kWsShortSlowest;
+        if (const char* w = std::getenv("MSA_OPS_DENSE_WS_WALK"); w != nullptr && w[0] >= '0' && w[0] <= '3')
+          walk = w[0] - '0';
+        // Short sequences: the pair kernel's 64-row items (ws_pair_wanted), where it can serve the call.
+        const int64_t pair_tiles = ws_pair_wanted(a) ? ragged_tiles(a.total_rows, a.batch, a.group, 64) : 0;
+        const int64_t pair_items = pair_tiles * a.Hkv * grid.z;
+        CUtensorMap qmap;
+        // A persistent launch over n items of `tiles` query tiles: one CTA per SM at most; warps' whole 16-row slices
+        // leave by TMA store where the output allows it (else omap is unread).
+        auto launch_ws = [&](auto kernel, int threads, int smem, const Sm90Kv& kvm, int64_t n, int tiles) {
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+          CUtensorMap omap{};
+          const bool tma_store = make_dense_out_map<T, D>(a, &omap);
+          kernel<<<static_cast<int>(n < sms ? n : sms), threads, smem, stream>>>(a, kvm, qmap, tiles, walk, omap,
+                                                                                tma_store ? 1 : 0);
+        };
+        // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
+        Sm90Kv kv_pair;  // the pair kernel's boxes: its 64-key tiles
+        if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 &&
+            make_dense_q_map<T, D>(a, &qmap, DenseWsPair<D>::kBlockM) &&
+            make_sm90_kv<T, D>(a, &kv_pair, DenseWsPair<D>::kBlockN)) {
+          note_launch(kLaunchSm90Pair);
+          launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc, kv_pair,
+                    pair_items, static_cast<int>(pair_tiles));
+          persistent = true;
+          zeroed = a.num_partitions <= 1;
+        } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
+          note_launch(kLaunchSm90Ws);
+          launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, kv, items, grid_x);
+          persistent = true;
+          zeroed = a.num_partitions <= 1;
+        }
       }  // (head dim 256: the CTA-per-tile kernel; the persistent ones hold two Q tiles, which do not fit)
       if (!persistent) {
         using C90 = Sm90Config<T, D>;
