@@ -88,7 +88,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// Host: whether make_sm90_kv can describe the call's K/V (its own tests, ahead of encoding).
+// Host: whether make_sm90_kv can describe the call's K/V: its tests ahead of encoding (it starts with them).
 inline bool sm90_kv_describable(const AttentionArgs& a) {
   if (tensor_map_encoder() == nullptr) return false;
   if (a.kv_mode == kKvPaged) return a.page_shift >= 3 && a.num_blocks >= 1 && a.num_layers >= 1;
@@ -102,8 +102,8 @@ inline bool sm90_kv_describable(const AttentionArgs& a) {
 // holds.
 template <typename T, int D>
 bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
+  if (!sm90_kv_describable(a)) return false;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
   const CUtensorMapDataType dt =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t row = static_cast<cuuint64_t>(a.Hkv) * D * 2;  // bytes of one key row (all kv heads)
@@ -115,7 +115,6 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   };
   if (a.kv_mode == kKvPaged) {
-    if (a.page_shift < 3 || a.num_blocks < 1 || a.num_layers < 1) return false;
     kv->box_rows = a.page_size < tile_rows ? a.page_size : tile_rows;
     const cuuint64_t dims[5] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
                                 static_cast<cuuint64_t>(a.page_size), 2 * static_cast<cuuint64_t>(a.num_layers),
@@ -126,8 +125,8 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
     kv->v = kv->k;  // one pool: V is the layer coordinate L + l
     return true;
   }
+  // 1 to INT32_MAX rows (sm90_kv_describable): TMA coordinates are signed 32-bit.
   const int64_t rows = a.kv_mode == kKvPadded ? static_cast<int64_t>(a.batch) * a.total_keys : a.total_keys;
-  if (rows < 1 || rows > INT32_MAX) return false;  // TMA coordinates are signed 32-bit
   kv->box_rows = tile_rows;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
                               static_cast<cuuint64_t>(rows)};
