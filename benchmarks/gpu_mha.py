@@ -163,10 +163,20 @@ def run_decode_d256(rows, rng, points=((16, 16384), (1, 131072))):
             del q, k, v, kv, lut
 
 
+def with_switch_off(name, fn):
+    """fn() with the environment switch `name` set to 0 (the handler reads it at each launch)."""
+    os.environ[name] = "0"
+    try:
+        return fn()
+    finally:
+        del os.environ[name]
+
+
 def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, causals=(False, True),
-                alt=("MSA_OPS_CUDA_WGMMA", "ours_contig_mma_sync"), h=16, d=128):
+                alt=("MSA_OPS_CUDA_WGMMA", "ours_contig_mma_sync"), h=16, d=128, round_alt=None):
     """Prefill at B*S = total: ours contiguous and paged, cuDNN; for kind "prefill" also the 64-row tile and XLA.
-    alt: a switch set to 0 for a second timing of the contiguous call (the handler reads it per launch), or None."""
+    alt: a switch set to 0 for a second timing of the contiguous call (the handler reads it per launch), or None.
+    round_alt: (switch, name) for a third contiguous timing with that switch at 0, in the rounds with cuDNN."""
     full = kind == "prefill"
     for s in lens:
         b = total // s
@@ -199,9 +209,13 @@ def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, 
             r["err_paged_vs_cudnn"] = rel_err(ours_p(q, kv, lut), ref)
             # Ours (contiguous and paged) and cuDNN once a round in rotating order (harness.bench_rounds), medians;
             # the ratio to cuDNN is the median of the rounds' ratios. The rest timed once, after them.
-            got = bench_rounds({"ours_contig": lambda f=ours_c, x=(q, k, v): bench(f, x),
-                                "ours_paged": lambda f=ours_p, x=(q, kv, lut): bench(f, x),
-                                "cudnn": lambda f=cud, x=(q, k, v): bench(f, x)}, ROUNDS)
+            timers = {"ours_contig": lambda f=ours_c, x=(q, k, v): bench(f, x),
+                      "ours_paged": lambda f=ours_p, x=(q, kv, lut): bench(f, x),
+                      "cudnn": lambda f=cud, x=(q, k, v): bench(f, x)}
+            if round_alt is not None:
+                timers[round_alt[1]] = lambda f=ours_c, x=(q, k, v): with_switch_off(round_alt[0],
+                                                                                    lambda: bench(f, x))
+            got = bench_rounds(timers, ROUNDS)
             for name, ts in got.items():
                 r[name + "_tflops"] = flops / float(np.median(ts)) / 1e12
             r["ours_vs_cudnn"], r["ours_vs_cudnn_range"] = round_ratios(got["cudnn"], got["ours_contig"])
@@ -213,12 +227,12 @@ def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, 
                 except Exception as e:  # noqa: BLE001
                     r[name + "_tflops"] = None
                     r[name + "_error"] = str(e)[:200]
+            if round_alt is not None:
+                r[round_alt[1] + "_vs_cudnn"], r[round_alt[1] + "_vs_cudnn_range"] = round_ratios(
+                    got["cudnn"], got[round_alt[1]])
             if alt is not None:
-                os.environ[alt[0]] = "0"
-                try:
-                    r[alt[1] + "_tflops"] = flops / bench(ours_c, (q, k, v)) / 1e12
-                finally:
-                    del os.environ[alt[0]]
+                t = with_switch_off(alt[0], lambda f=ours_c, x=(q, k, v): bench(f, x))
+                r[alt[1] + "_tflops"] = flops / t / 1e12
             rows.append(r)
             print(json.dumps(r), flush=True)
 
@@ -260,7 +274,8 @@ def main():
         run_prefill(rows, rng, "prefill_many", (32, 64, 256), 65536, (True,),
                     ("MSA_OPS_DENSE_WS_PAIR", "ours_contig_ws128"))
     if a.only in (None, "d256"):
-        run_prefill(rows, rng, "prefill_d256", (8192,), 16384, (False, True), h=8, d=256)
+        run_prefill(rows, rng, "prefill_d256", (8192,), 16384, (False, True), h=8, d=256,
+                    round_alt=("MSA_OPS_DENSE_WS", "ours_contig_cta"))
         run_decode_d256(rows, rng)
     md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", "",
           f"Ours and cuDNN (prefill: ours contiguous and paged, cuDNN) timed once a round, {ROUNDS} rounds in rotating "
@@ -301,14 +316,18 @@ def main():
     p256 = [r for r in rows if r["kind"] == "prefill_d256"]
     if p256:
         md += ["", "## Head dim 256", "",
-               "Prefill, bf16, S=8192, B=2, H=8 (TFLOP/s; 128-row tiles on the CTA-per-tile wgmma kernel, and the "
-               "64-row mma.sync tile with MSA_OPS_CUDA_WGMMA=0):", "",
-               "| causal | ours contiguous | ours paged | ours contiguous, mma.sync | cuDNN | ours/cuDNN "
-               "| paged/contig |",
-               "| --- | --- | --- | --- | --- | --- | --- |"]
+               "Prefill, bf16, S=8192, B=2, H=8 (TFLOP/s; 128-row tiles on the persistent warp-specialized kernel, "
+               "on the CTA-per-tile wgmma kernel with MSA_OPS_DENSE_WS=0, timed in the same rounds, and the 64-row "
+               "mma.sync tile with MSA_OPS_CUDA_WGMMA=0):", "",
+               "| causal | ours contiguous | ours paged | ours contiguous, CTA per tile | ours contiguous, mma.sync "
+               "| cuDNN | ours/cuDNN | CTA per tile/cuDNN | paged/contig |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in p256:
+            cta = r.get("ours_contig_cta_vs_cudnn_range")
+            cta_rel = "—" if cta is None else f"{r['ours_contig_cta_vs_cudnn']:.3f}x ({cta[0]:.3f}-{cta[1]:.3f})"
             md.append(f"| {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | {fmt(r.get('ours_paged_tflops'))} | "
-                      f"{fmt(r.get('ours_contig_mma_sync_tflops'))} | {fmt(r.get('cudnn_tflops'))} | {rel(r)} | "
+                      f"{fmt(r.get('ours_contig_cta_tflops'))} | {fmt(r.get('ours_contig_mma_sync_tflops'))} | "
+                      f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} | {cta_rel} | "
                       f"{ratio(r.get('ours_paged_tflops'), r.get('ours_contig_tflops'))} |")
     d256 = [r for r in rows if r["kind"] == "decode_d256"]
     if d256:

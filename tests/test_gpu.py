@@ -429,12 +429,14 @@ def _d256_cases():
             for i in range(20)]
 
 
-@pytest.mark.parametrize("tile", ["ladder", "128", "128_no_wgmma"])
+@pytest.mark.parametrize("tile", ["ladder", "128", "128_cta", "128_no_wgmma"])
 @pytest.mark.parametrize("case", _d256_cases(), ids=lambda c: f"{c['seed']}-{c['scenario']}-{c['mask']}")
 def test_cuda_mha_head_dim_256_matches_oracle(case, tile, monkeypatch):
     """Head dim 256, every scenario and mask, sinks, split-K, pages 16 to 128, NaN past the keys: on the ladder's
-    tiles, on 128-row tiles (a max_prompt_length hint), which the sm_90 CTA-per-tile wgmma kernel serves with K and V
-    in rings of their own, and on 128-row plans with that kernel switched off (the handler's 64-row mma.sync tile)."""
+    tiles, and on 128-row tiles (a max_prompt_length hint) in the three kernels that serve them at this head dim: the
+    sm_90 warp-specialized persistent kernel (one Q buffer, 64-key K and V tiles), the CTA-per-tile wgmma kernel
+    (MSA_OPS_DENSE_WS=0), both with K and V in rings of their own, and, with wgmma switched off, the handler's 64-row
+    mma.sync tile."""
     rng = np.random.default_rng(case["seed"])
     batch = make_batch(rng, case["scenario"])
     if tile != "ladder":  # at least 128 rows, so that the hint can plan 128-row tiles (the rest unowned: zeros)
@@ -452,11 +454,16 @@ def test_cuda_mha_head_dim_256_matches_oracle(case, tile, monkeypatch):
         kw["max_prompt_length"] = 1024
     if tile == "128_no_wgmma":
         monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "0")
+    if tile == "128_cta":
+        monkeypatch.setenv("MSA_OPS_DENSE_WS", "0")
     plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=case["np_"], **kw)
     assert tile == "ladder" or plan.tile_m == 128
     got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_ragged_paged(
         *a, sink_weights=sink, num_partitions=case["np_"], implementation="native", **kw)), *args)
-    assert_served(kinds, "sm90_cta" if plan.tile_m == 128 and tile != "128_no_wgmma" else "mma")
+    if plan.tile_m != 128 or tile == "128_no_wgmma":
+        assert_served(kinds, "mma")
+    else:  # (the groups drawn divide 128: Q goes by TMA)
+        assert_served(kinds, "sm90_cta" if tile == "128_cta" else "sm90_ws")
     kw.pop("max_prompt_length", None)
     want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
     assert_close(got, want, budget_for(case["dtype"]))

@@ -20,7 +20,7 @@
 // never wait at a CTA-wide barrier. The producer warpgroup gives registers to the consumers (setmaxnreg).
 //
 // Served where group divides 128 (Q by TMA); mha.cu keeps attention_sm90_kernel otherwise, and always with
-// MSA_OPS_DENSE_WS=0.
+// MSA_OPS_DENSE_WS=0. Head dims 64, 128 and 256 (at 256: one Q buffer and 64-key K/V tiles, DenseWs).
 #pragma once
 
 #include "ws_sm90.cuh"
@@ -38,18 +38,23 @@ template <int D>
 struct DenseWs {
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
+  // Head dim 256: O takes 128 registers a consumer thread (64 x 256 f32 a warpgroup), so the consumers take more.
+  static constexpr int kProducerRegs = D > 128 ? 40 : 56;
+  static constexpr int kConsumerRegs = D > 128 ? 232 : 224;
   static constexpr int kLaunchRegs = 168;  // __launch_bounds__(384, 1): what setmaxnreg redistributes
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "register pool");
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 128;
+  // Head dim 256: a Q tile takes 64 KB, so there is one Q buffer (the next item's Q loads once the current item's
+  // rows have left through it) and K and V go in 64-key tiles, as in attention_sm90_kernel's split rings.
+  static constexpr bool kWide = D > 128;
+  static constexpr int kBlockN = kWide ? 64 : 128;
   static constexpr int kStages = D == 64 ? 4 : 2;  // of the K ring and of the V ring
-  static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V tile; also a Q buffer (kBlockM == kBlockN)
-  static constexpr int kQBytes = kTileBytes;
+  static constexpr int kQBufs = kWide ? 1 : 2;
+  static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V tile
+  static constexpr int kQBytes = kBlockM * D * 2;     // one Q buffer
   // shared memory (bytes from the 1024-aligned base)
-  static constexpr int kOffQ = 0;                                // 2 buffers
-  static constexpr int kOffK = kOffQ + 2 * kTileBytes;           // kStages
+  static constexpr int kOffQ = 0;                                // kQBufs buffers
+  static constexpr int kOffK = kOffQ + kQBufs * kQBytes;         // kStages
   static constexpr int kOffV = kOffK + kStages * kTileBytes;     // kStages
   static constexpr int kOffMask = kOffV + kStages * kTileBytes;  // [kStages][4]: the K tile's present keys
   static constexpr int kOffOrder = kOffMask + kStages * 16;      // ws_order_build's [kWsOrderInts]
@@ -60,13 +65,23 @@ struct DenseWs {
                        kBarVFull = 4 + 2 * kStages, kBarVEmpty = 4 + 3 * kStages, kBars = 4 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kBars * 8;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;
-  static_assert(kBlockM == kBlockN, "a Q buffer is one tile");
   static_assert(kSmemAlloc <= 227 * 1024, "shared memory of one CTA on sm_90");
   // Within the 196 KB carve-out (with the 1 KB the driver keeps per CTA), which leaves L1 60 KB: past it the D=128
   // kernel ran 5% slower at S=512 and 2k (benchmarks/NOTES_mha.md v30).
   static_assert(D != 128 || kSmemAlloc + 1024 <= 196 * 1024, "shared memory of the D=128 kernel: L1 carve-out");
-  static_assert(D == 64 || D == 128, "head dim");
+  static_assert(D == 64 || D == 128 || D == 256, "head dim");
 };
+
+// The Q buffer of a set's item number qi (C: DenseWs or DenseWsPair, C::kQBufs buffers taken in turn), and the parity
+// of that buffer's barriers for it.
+template <class C>
+__host__ __device__ constexpr int ws_qbuf(int qi) {
+  return C::kQBufs == 1 ? 0 : qi & 1;
+}
+template <class C>
+__host__ __device__ constexpr int ws_qphase(int qi) {
+  return C::kQBufs == 1 ? qi & 1 : (qi >> 1) & 1;
+}
 
 // Host: Q of the call for the loader's TMA in boxes of `rows` rows (make_heads_q_map), or false (group not dividing
 // rows, Q not 16-byte aligned, no driver encoder, MSA_OPS_DENSE_WS=0): then another kernel serves the call.
@@ -103,7 +118,7 @@ bool make_dense_out_map(const AttentionArgs& a, CUtensorMap* omap) {
 template <class C>
 __device__ __forceinline__ void ws_init_bars(uint32_t b0) {
   auto bar = [&](int i) { return b0 + 8 * i; };
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < C::kQBufs; ++i) {
     mbar_init(bar(C::kBarQFull + i), 1);
     mbar_init(bar(C::kBarQEmpty + i), C::kConsumerThreads);
   }
@@ -150,21 +165,21 @@ struct WsSet {
   __device__ __forceinline__ uint32_t bar(int i) const { return bars + 8 * i; }
 };
 
-// The loader warp's part of item number qi of its set: once the consumers have released Q buffer qi & 1, the item's
-// place (st, read by the consumers instead of locating it again) and its Q (D/64 TMA boxes of [BM/group tokens][group
-// heads][64]); then its K and V tiles (V one tile behind K) into ring positions gk, gk + 1, ..., each K tile with the
-// mask of its present keys (a page-table entry naming no page of the pool, or keys past the sequence). Returns the
-// number of tiles, by which the ring position advances (0 for a place past the last tile, st.b < 0: its buffer holds
-// no Q). stamp: this warp records the profiling build's loader stamps.
+// The loader warp's part of item number qi of its set: once the consumers have released its Q buffer (ws_qbuf), the
+// item's place (st, read by the consumers instead of locating it again) and its Q (D/64 TMA boxes of [BM/group
+// tokens][group heads][64]); then its K and V tiles (V one tile behind K) into ring positions gk, gk + 1, ..., each
+// K tile with the mask of its present keys (a page-table entry naming no page of the pool, or keys past the
+// sequence). Returns the number of tiles, by which the ring position advances (0 for a place past the last tile,
+// st.b < 0: its buffer holds no Q). stamp: this warp records the profiling build's loader stamps.
 template <typename T, int D, class C>
 __device__ __forceinline__ int ws_load_item(const AttentionArgs& a, const Sm90Kv& kvm, const CUtensorMap* qmap,
                                             const WsSet& set, const SeqTile& st, int hkv, int part, int qi, int gk,
                                             int layer, bool layer_ok, int lane, bool stamp) {
   constexpr int BM = C::kBlockM, BN = C::kBlockN, S = C::kStages;
-  const int qb = qi & 1;
+  const int qb = ws_qbuf<C>(qi);
   if (lane == 0) {
     if (stamp) ws_stamp(0, qi, 1);
-    mbar_wait_ws(set.bar(C::kBarQEmpty + qb), ((qi >> 1) & 1) ^ 1);
+    mbar_wait_ws(set.bar(C::kBarQEmpty + qb), ws_qphase<C>(qi) ^ 1);
     if (stamp) ws_stamp(0, qi, 2);
     set.item[qb] = DenseWsItem{st, hkv, part};  // written before the buffer's full barrier is arrived on
     if (st.b >= 0) {
@@ -312,11 +327,11 @@ __global__ void __launch_bounds__(384, 1)
       if (w >= sOrder[2]) break;
       const WsItem it = ws_item(sOrder, w, per_tile);
       if (it.x_tile < 0) continue;
-      const int qb = qi & 1;
+      const int qb = ws_qbuf<C>(qi);
       // consumer stamps: item start, Q landed, K 0 landed, first turn, first step done, last step done, last P.V
       // done, rows stored
       if (ctid == 0) ws_stamp(1, qi, 0);
-      mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
+      mbar_wait_ws(bar(C::kBarQFull + qb), ws_qphase<C>(qi));
       if (ctid == 0) ws_stamp(1, qi, 1);
       const DenseWsItem item = sItem[qb];  // the loader's ws_locate
       const SeqTile& st = item.st;
@@ -349,7 +364,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-      const uint32_t q_wg = s0 + C::kOffQ + qb * C::kTileBytes + cwg * 64 * 128;
+      const uint32_t q_wg = s0 + C::kOffQ + qb * C::kQBytes + cwg * 64 * 128;
       auto sK = [&](int gj) { return s0 + C::kOffK + (warp_uniform(gj) % S) * C::kTileBytes; };
       auto sV = [&](int gj) { return s0 + C::kOffV + (warp_uniform(gj) % S) * C::kTileBytes; };
       uint32_t present[BN / 32];
@@ -424,7 +439,7 @@ __global__ void __launch_bounds__(384, 1)
       if (a.num_partitions <= 1) {
         // The rows leave through the warp's own rows of the Q buffer (its last Q K^T has completed; no other warp
         // touches them), and the buffer is handed back once this thread's stores have read it.
-        unsigned char* stage = sbase + C::kOffQ + qb * C::kTileBytes + warp_row0 * 128;
+        unsigned char* stage = sbase + C::kOffQ + qb * C::kQBytes + warp_row0 * 128;
         wg_stage_rows<T, D>(a, st, rows_seq, warp_row0, hkv, l_run, m_run, o, lane, stage, BM * 128);
         ws_store_staged<T, D, BM>(a, st, rows_seq, warp_row0, hkv, group, lane, stage, &omap, tma_store);
       } else {
@@ -466,6 +481,7 @@ struct DenseWsPair {
   static constexpr int kBlockM = 64;  // query rows of an item
   static constexpr int kBlockN = 64;  // keys of a K or V tile (the host's K/V boxes: make_sm90_kv's tile_rows)
   static constexpr int kStages = D == 64 ? 4 : 2;  // of a pair's K ring and of its V ring
+  static constexpr int kQBufs = 2;                  // a pair's
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;
   // per pair, at p * kPairBytes: Q [2], K [kStages], V [kStages]
@@ -561,10 +577,10 @@ __global__ void __launch_bounds__(384, 1)
         if (w >= sOrder[2]) break;
         const WsItem it = ws_item(sOrder, w, per_tile);
         if (it.x_tile < 0) continue;
-        const int qb = qi & 1;
+        const int qb = ws_qbuf<C>(qi);
         const bool stamp = p == 0 && wtid == 0;
         if (stamp) ws_stamp(1, qi, 0);
-        mbar_wait_ws(bar(C::kBarQFull + qb), (qi >> 1) & 1);
+        mbar_wait_ws(bar(C::kBarQFull + qb), ws_qphase<C>(qi));
         if (stamp) ws_stamp(1, qi, 1);
         const DenseWsItem item = sItem[qb];  // the loader's ws_locate
         const SeqTile& st = item.st;

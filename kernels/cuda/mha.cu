@@ -88,19 +88,17 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
   bool zeroed = false;  // rows owned by no sequence written by the attention kernel (a warp of the persistent
                         // kernels, unsplit; spare CTAs of attention_kernel)
   // The sm_90 kernels' 128-row tile. Head dims past 128 have no mma.sync kernel of this height: tile_height asks
-  // for it only where the CTA-per-tile wgmma kernel can serve the call (use_wgmma, sm90_kv_describable).
+  // for it only where the sm_90 wgmma kernels can serve the call (use_wgmma, sm90_kv_describable).
   constexpr bool kSm90Tile = BM == Sm90Config<T, D>::kBlockM;
   constexpr bool kWide = D > 128;
   if constexpr (kSm90Tile) {
     Sm90Kv kv;  // the TMA descriptors; without them (page size, driver) the mma.sync kernel serves the call
     if (grid_x > 0 && use_wgmma() && make_sm90_kv<T, D>(a, &kv, Sm90Config<T, D>::kBlockN)) {
       bool persistent = false;
-      if constexpr (!kWide) {
-        // The warp-specialized persistent kernel where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
+      {
+        // The warp-specialized persistent kernels where Q goes by TMA (group dividing 128), else the CTA-per-tile one.
         const int64_t items = static_cast<int64_t>(grid_x) * a.Hkv * grid.z;
         static const bool ws_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kLaunchRegs);
-        static const bool pair_regs_ok =
-            kernel_holds_regs(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kLaunchRegs);
         const int sms = device_sm_count();
         // The walk (ws_sm90.cuh): the kv heads slowest with no mask; otherwise the heads slowest for short
         // sequences and bands of the weight order for long ones (decided by the CTAs, which count the tiles);
@@ -108,9 +106,6 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
         int walk = a.mask == kMaskNull ? kWsHeadsSlowest : kWsShortSlowest;
         if (const char* w = std::getenv("MSA_OPS_DENSE_WS_WALK"); w != nullptr && w[0] >= '0' && w[0] <= '3')
           walk = w[0] - '0';
-        // Short sequences: the pair kernel's 64-row items (ws_pair_wanted), where it can serve the call.
-        const int64_t pair_tiles = ws_pair_wanted(a) ? ragged_tiles(a.total_rows, a.batch, a.group, 64) : 0;
-        const int64_t pair_items = pair_tiles * a.Hkv * grid.z;
         CUtensorMap qmap;
         // A persistent launch over n items of `tiles` query tiles: one CTA per SM at most; warps' whole 16-row slices
         // leave by TMA store where the output allows it (else omap is unread).
@@ -122,22 +117,32 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
                                                                                 tma_store ? 1 : 0);
         };
         // (The walk's int indices: the interleaved order has up to twice the items, and ws_walk one grid more.)
-        Sm90Kv kv_pair;  // the pair kernel's boxes: its 64-key tiles
-        if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 &&
-            make_dense_q_map<T, D>(a, &qmap, DenseWsPair<D>::kBlockM) &&
-            make_sm90_kv<T, D>(a, &kv_pair, DenseWsPair<D>::kBlockN)) {
-          note_launch(kLaunchSm90Pair);
-          launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc, kv_pair,
-                    pair_items, static_cast<int>(pair_tiles));
-          persistent = true;
-          zeroed = a.num_partitions <= 1;
-        } else if (ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
+        if constexpr (!kWide) {  // (head dim 256: no pair kernel; two pairs' Q tiles and rings do not fit)
+          static const bool pair_regs_ok =
+              kernel_holds_regs(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kLaunchRegs);
+          // Short sequences: the pair kernel's 64-row items (ws_pair_wanted), where it can serve the call.
+          const int64_t pair_tiles = ws_pair_wanted(a) ? ragged_tiles(a.total_rows, a.batch, a.group, 64) : 0;
+          const int64_t pair_items = pair_tiles * a.Hkv * grid.z;
+          Sm90Kv kv_pair;  // the pair kernel's boxes: its 64-key tiles
+          if (pair_regs_ok && pair_tiles > 0 && pair_items <= INT32_MAX / 4 &&
+              make_dense_q_map<T, D>(a, &qmap, DenseWsPair<D>::kBlockM) &&
+              make_sm90_kv<T, D>(a, &kv_pair, DenseWsPair<D>::kBlockN)) {
+            note_launch(kLaunchSm90Pair);
+            launch_ws(attention_ws_pair_sm90_kernel<T, D>, DenseWsPair<D>::kThreads, DenseWsPair<D>::kSmemAlloc,
+                      kv_pair, pair_items, static_cast<int>(pair_tiles));
+            persistent = true;
+            zeroed = a.num_partitions <= 1;
+          }
+        }
+        // (kv's boxes are the CTA-per-tile kernel's key tiles, which are DenseWs's: 128 keys, 64 at head dim 256.)
+        static_assert(DenseWs<D>::kBlockN == Sm90Config<T, D>::kBlockN, "one K/V descriptor for both kernels");
+        if (!persistent && ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
           note_launch(kLaunchSm90Ws);
           launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, kv, items, grid_x);
           persistent = true;
           zeroed = a.num_partitions <= 1;
         }
-      }  // (head dim 256: the CTA-per-tile kernel; the persistent ones hold two Q tiles, which do not fit)
+      }
       if (!persistent) {
         using C90 = Sm90Config<T, D>;
         auto kernel = attention_sm90_kernel<T, D>;
@@ -231,8 +236,8 @@ bool supported(DataType dt, int64_t d) {
 // Query tile height: the routing ladder's choice, or from shapes when the op has no plan.
 int tile_height(int64_t requested, int64_t max_rows_per_seq, int64_t group, int64_t d, const AttentionArgs& a) {
   // Kernels exist for 8-, 16-, 64- and 128-row tiles (decode; the ladder's 1q / 2q prefill tiles). Past head dim
-  // 128 the 128-row tile is the sm_90 CTA-per-tile kernel's alone: where it cannot serve the call (another GPU, or
-  // K/V that no TMA descriptor describes), 64 rows.
+  // 128 the 128-row tile is the sm_90 wgmma kernels' alone: where they cannot serve the call (another GPU, or K/V
+  // that no TMA descriptor describes), 64 rows.
   const int64_t top = d <= 128 || (use_wgmma() && sm90_kv_describable(a)) ? 128 : 64;
   if (requested > 0) return requested <= 8 ? 8 : requested <= 16 ? 16 : requested <= 64 ? 64 : top;
   const int64_t rows = max_rows_per_seq * group;
