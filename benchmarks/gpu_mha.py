@@ -3,8 +3,9 @@
 Decode (BENCH.md): bf16, Hq=32, Hkv=8, D=128, paged (page 128 and 16) for ours, contiguous for the peers;
 GB/s = bytes of K and V read once / time. Prefill: bf16, D=128, H=16, B*S=16384, causal and not; TFLOP/s =
 4*B*S^2*H*D (half for causal) / time. Prefill of many short sequences: the same at B*S=65536 with S=32, 64 and
-256 (B=2048, 1024 and 256), causal, where finding each tile's sequence among B is part of the cost. Prints
-markdown tables, writes gpu_mha.json (+ .md) into --out.
+256 (B=2048, 1024 and 256), causal, where finding each tile's sequence among B is part of the cost. Head dims 256
+and 64: prefill at S=8k, H=2048/D (and decode at 256). Prints markdown tables, writes gpu_mha.json (+ .md) into
+--out.
 """
 
 from __future__ import annotations
@@ -251,10 +252,32 @@ def rel(r):
     return f"{r['ours_vs_cudnn']:.3f}x ({lo:.3f}-{hi:.3f})"
 
 
+def head_dim_prefill_table(rs, d, h):
+    """Markdown lines for the prefill rows `rs` of one head dim (run_prefill with the CTA-per-tile kernel timed in the
+    rounds); none without rows."""
+    if not rs:
+        return []
+    md = ["", f"## Head dim {d}", "",
+          f"Prefill, bf16, S=8192, B=2, H={h} (TFLOP/s; 128-row tiles on the persistent warp-specialized kernel, "
+          "on the CTA-per-tile wgmma kernel with MSA_OPS_DENSE_WS=0, timed in the same rounds, and the 64-row "
+          "mma.sync tile with MSA_OPS_CUDA_WGMMA=0):", "",
+          "| causal | ours contiguous | ours paged | ours contiguous, CTA per tile | ours contiguous, mma.sync "
+          "| cuDNN | ours/cuDNN | CTA per tile/cuDNN | paged/contig |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rs:
+        cta = r.get("ours_contig_cta_vs_cudnn_range")
+        cta_rel = "—" if cta is None else f"{r['ours_contig_cta_vs_cudnn']:.3f}x ({cta[0]:.3f}-{cta[1]:.3f})"
+        md.append(f"| {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | {fmt(r.get('ours_paged_tflops'))} | "
+                  f"{fmt(r.get('ours_contig_cta_tflops'))} | {fmt(r.get('ours_contig_mma_sync_tflops'))} | "
+                  f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} | {cta_rel} | "
+                  f"{ratio(r.get('ours_paged_tflops'), r.get('ours_contig_tflops'))} |")
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
-    ap.add_argument("--only", choices=["decode", "prefill", "d256"], default=None)
+    ap.add_argument("--only", choices=["decode", "prefill", "d256", "d64"], default=None)
     ap.add_argument("--identity-pages", action="store_true", help="page j of sequence b is pool page b * MP + j")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of each comparison with cuDNN")
     a = ap.parse_args()
@@ -277,6 +300,9 @@ def main():
         run_prefill(rows, rng, "prefill_d256", (8192,), 16384, (False, True), h=8, d=256,
                     round_alt=("MSA_OPS_DENSE_WS", "ours_contig_cta"))
         run_decode_d256(rows, rng)
+    if a.only in (None, "d64"):  # BENCH.md's prefill across head dims: S=8k, H=2048/D
+        run_prefill(rows, rng, "prefill_d64", (8192,), 16384, (False, True), h=32, d=64,
+                    round_alt=("MSA_OPS_DENSE_WS", "ours_contig_cta"))
     md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", "",
           f"Ours and cuDNN (prefill: ours contiguous and paged, cuDNN) timed once a round, {ROUNDS} rounds in rotating "
           "order: figures are medians, ours/cuDNN the median of the rounds' ratios (their range in brackets). Decode "
@@ -313,22 +339,8 @@ def main():
             md.append(f"| {r['S']} | {r['B']} | {fmt(r.get('ours_contig_tflops'))} | "
                       f"{fmt(r.get('ours_paged_tflops'))} | {fmt(r.get('ours_contig_ws128_tflops'))} | "
                       f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} |")
-    p256 = [r for r in rows if r["kind"] == "prefill_d256"]
-    if p256:
-        md += ["", "## Head dim 256", "",
-               "Prefill, bf16, S=8192, B=2, H=8 (TFLOP/s; 128-row tiles on the persistent warp-specialized kernel, "
-               "on the CTA-per-tile wgmma kernel with MSA_OPS_DENSE_WS=0, timed in the same rounds, and the 64-row "
-               "mma.sync tile with MSA_OPS_CUDA_WGMMA=0):", "",
-               "| causal | ours contiguous | ours paged | ours contiguous, CTA per tile | ours contiguous, mma.sync "
-               "| cuDNN | ours/cuDNN | CTA per tile/cuDNN | paged/contig |",
-               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in p256:
-            cta = r.get("ours_contig_cta_vs_cudnn_range")
-            cta_rel = "—" if cta is None else f"{r['ours_contig_cta_vs_cudnn']:.3f}x ({cta[0]:.3f}-{cta[1]:.3f})"
-            md.append(f"| {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | {fmt(r.get('ours_paged_tflops'))} | "
-                      f"{fmt(r.get('ours_contig_cta_tflops'))} | {fmt(r.get('ours_contig_mma_sync_tflops'))} | "
-                      f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} | {cta_rel} | "
-                      f"{ratio(r.get('ours_paged_tflops'), r.get('ours_contig_tflops'))} |")
+    for dd, hh in ((64, 32), (256, 8)):
+        md += head_dim_prefill_table([r for r in rows if r["kind"] == f"prefill_d{dd}"], dd, hh)
     d256 = [r for r in rows if r["kind"] == "decode_d256"]
     if d256:
         md += ["", "Decode, bf16, Hq=16, Hkv=4 (GB/s of K+V):", "",
