@@ -38,15 +38,15 @@ template <int D>
 struct DenseWs {
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
-  // Head dim 256: O takes 128 registers a consumer thread (64 x 256 f32 a warpgroup), so the consumers take more.
-  static constexpr int kProducerRegs = D > 128 ? 40 : 56;
-  static constexpr int kConsumerRegs = D > 128 ? 232 : 224;
+  // Head dim 256 (kWide): O takes 128 registers a consumer thread (64 x 256 f32 a warpgroup), so the consumers take
+  // more; a Q tile takes 64 KB, so there is one Q buffer (the next item's Q loads once the current item's rows have
+  // left through it) and K and V go in 64-key tiles, as in attention_sm90_kernel's split rings.
+  static constexpr bool kWide = D > 128;
+  static constexpr int kProducerRegs = kWide ? 40 : 56;
+  static constexpr int kConsumerRegs = kWide ? 232 : 224;
   static constexpr int kLaunchRegs = 168;  // __launch_bounds__(384, 1): what setmaxnreg redistributes
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "register pool");
   static constexpr int kBlockM = 128;
-  // Head dim 256: a Q tile takes 64 KB, so there is one Q buffer (the next item's Q loads once the current item's
-  // rows have left through it) and K and V go in 64-key tiles, as in attention_sm90_kernel's split rings.
-  static constexpr bool kWide = D > 128;
   static constexpr int kBlockN = kWide ? 64 : 128;
   static constexpr int kStages = D == 64 ? 4 : 2;  // of the K ring and of the V ring
   static constexpr int kQBufs = kWide ? 1 : 2;
