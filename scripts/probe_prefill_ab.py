@@ -6,10 +6,10 @@ choice); wsx: the persistent kernel with every warp storing its own rows (MSA_OP
 wsl0 / ctal0: ws / cta rescaling O at every rise of a row's max (MSA_OPS_LAZY_RESCALE=0). ws and its variants keep
 the 128-row items (MSA_OPS_DENSE_WS_PAIR=0); wsp: the pair kernel's 64-row items (=1, where it serves the call); wsd:
 the handler's default choice between the two. BENCH.md's
-prefill shapes: bf16, D=128, H=16 (Hkv=16 unless --hkv), B*S=16384, contiguous and paged (page 128) K/V, causal and
-not. Prints TFLOP/s and ratios; checks that both kernels agree with cuDNN.
+prefill shapes: bf16, D=128 (--d: 64, 128, 256), H = 2048 / D (Hkv = H unless --hkv), B*S=16384, contiguous and paged
+(page 128) K/V, causal and not. Prints TFLOP/s and ratios; checks that both kernels agree with cuDNN.
 
-  python3 scripts/probe_prefill_ab.py [--lens 512,2048,8192] [--rounds 2] [--hkv 16] [--page 128]
+  python3 scripts/probe_prefill_ab.py [--lens 512,2048,8192] [--rounds 2] [--d 128] [--hkv 16] [--page 128]
 """
 
 import argparse
@@ -32,14 +32,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lens", default="512,2048,8192")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--hkv", type=int, default=16)
+    ap.add_argument("--hkv", type=int, default=0, help="kv heads (default: H)")
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--total", type=int, default=16384)
     ap.add_argument("--variants", default="ws,cta",
                     help="comma list of ws, wsp, wsd, cta, ws0-ws3, wsx, wsl0, ctal0 (the first is compared)")
     ap.add_argument("--masks", default="null,causal")
+    ap.add_argument("--d", type=int, default=128, help="head dim (H = 2048 / D unless --h)")
+    ap.add_argument("--h", type=int, default=0)
     args = ap.parse_args()
-    h, d = 16, 128
+    d = args.d
+    h = args.h or 2048 // d
     rng = np.random.default_rng(0)
     variants = args.variants.split(",")
     # MSA_OPS_DENSE_WS, _WALK, _STORE, MSA_OPS_LAZY_RESCALE, MSA_OPS_DENSE_WS_PAIR ("": unset)
@@ -48,7 +51,8 @@ def main():
     envs = {"ws": ("1", "", "", "", "0"), "cta": ("0", "", "", "", ""), "wsx": ("1", "", "0", "", "0"),
             "wsl0": ("1", "", "", "0", "0"), "ctal0": ("0", "", "", "0", ""), "wsp": ("1", "", "", "", "1"),
             "wsd": ("1", "", "", "", ""), **{f"ws{i}": ("1", str(i), "", "", "0") for i in range(4)}}
-    print(f"H={h}, Hkv={args.hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s")
+    hkv = args.hkv or h
+    print(f"H={h}, Hkv={hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s")
     v0 = variants[0]
     cols = variants + ["cuDNN"] + [f"{v0} / {v}" for v in variants[1:]] + [f"{v0} / cuDNN"]
     cols += [f"err {v}" for v in variants]
@@ -58,21 +62,21 @@ def main():
         b = max(1, args.total // s)
         k1, k2, k3 = jax.random.split(jax.random.PRNGKey(s), 3)
         q = jax.random.normal(k1, (b, s, h, d), BF)
-        k = jax.random.normal(k2, (b, s, args.hkv, d), BF)
-        v = jax.random.normal(k3, (b, s, args.hkv, d), BF)
+        k = jax.random.normal(k2, (b, s, hkv, d), BF)
+        v = jax.random.normal(k3, (b, s, hkv, d), BF)
         page = args.page
         mp = -(-s // page)
         perm = rng.permutation(b * mp)
-        kp = jnp.pad(k, ((0, 0), (0, mp * page - s), (0, 0), (0, 0))).reshape(b * mp, page, args.hkv, d)
-        vp = jnp.pad(v, ((0, 0), (0, mp * page - s), (0, 0), (0, 0))).reshape(b * mp, page, args.hkv, d)
-        kv = jnp.zeros((b * mp, 2, 1, page, args.hkv, d), BF).at[perm, 0, 0].set(kp).at[perm, 1, 0].set(vp)
+        kp = jnp.pad(k, ((0, 0), (0, mp * page - s), (0, 0), (0, 0))).reshape(b * mp, page, hkv, d)
+        vp = jnp.pad(v, ((0, 0), (0, mp * page - s), (0, 0), (0, 0))).reshape(b * mp, page, hkv, d)
+        kv = jnp.zeros((b * mp, 2, 1, page, hkv, d), BF).at[perm, 0, 0].set(kp).at[perm, 1, 0].set(vp)
         lut = jnp.asarray(perm, jnp.int32).reshape(b, mp)
         offs = jnp.arange(b + 1, dtype=jnp.int32) * s
         cl0 = jnp.zeros((b,), jnp.int32)
         for mask in args.masks.split(","):
             flops = 4 * b * s * s * h * d * (0.5 if mask == "causal" else 1.0)
             contig = jax.jit(lambda q, k, v, m=mask, offs=offs: msa_ops.mha_ragged_no_cache(
-                q.reshape(-1, h, d), k.reshape(-1, args.hkv, d), v.reshape(-1, args.hkv, d), offs, mask_str=m,
+                q.reshape(-1, h, d), k.reshape(-1, hkv, d), v.reshape(-1, hkv, d), offs, mask_str=m,
                 implementation="native"))
             paged = jax.jit(lambda q, kv, lut, m=mask, offs=offs, cl0=cl0: msa_ops.mha_ragged_paged(
                 q.reshape(-1, h, d), offs, kv, cl0, lut, 0, mask_str=m, implementation="native"))
