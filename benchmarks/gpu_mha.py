@@ -252,15 +252,16 @@ def rel(r):
     return f"{r['ours_vs_cudnn']:.3f}x ({lo:.3f}-{hi:.3f})"
 
 
-def head_dim_prefill_table(rs, d, h):
-    """Markdown lines for the prefill rows `rs` of one head dim (run_prefill with the CTA-per-tile kernel timed in the
-    rounds); none without rows."""
+def head_dim_prefill_table(rs):
+    """Markdown lines for the prefill rows `rs` of one head dim and shape (run_prefill with the CTA-per-tile kernel
+    timed in the rounds); none without rows."""
     if not rs:
         return []
-    md = ["", f"## Head dim {d}", "",
-          f"Prefill, bf16, S=8192, B=2, H={h} (TFLOP/s; 128-row tiles on the persistent warp-specialized kernel, "
-          "on the CTA-per-tile wgmma kernel with MSA_OPS_DENSE_WS=0, timed in the same rounds, and the 64-row "
-          "mma.sync tile with MSA_OPS_CUDA_WGMMA=0):", "",
+    r0 = rs[0]
+    md = ["", f"## Head dim {r0['D']}", "",
+          f"Prefill, bf16, S={r0['S']}, B={r0['B']}, H={r0['H']} (TFLOP/s; 128-row tiles on the persistent "
+          "warp-specialized kernel, on the CTA-per-tile wgmma kernel with MSA_OPS_DENSE_WS=0, timed in the same "
+          "rounds, and the 64-row mma.sync tile with MSA_OPS_CUDA_WGMMA=0):", "",
           "| causal | ours contiguous | ours paged | ours contiguous, CTA per tile | ours contiguous, mma.sync "
           "| cuDNN | ours/cuDNN | CTA per tile/cuDNN | paged/contig |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -339,8 +340,8 @@ def main():
             md.append(f"| {r['S']} | {r['B']} | {fmt(r.get('ours_contig_tflops'))} | "
                       f"{fmt(r.get('ours_paged_tflops'))} | {fmt(r.get('ours_contig_ws128_tflops'))} | "
                       f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} |")
-    for dd, hh in ((64, 32), (256, 8)):
-        md += head_dim_prefill_table([r for r in rows if r["kind"] == f"prefill_d{dd}"], dd, hh)
+    for dd in (64, 256):
+        md += head_dim_prefill_table([r for r in rows if r["kind"] == f"prefill_d{dd}"])
     d256 = [r for r in rows if r["kind"] == "decode_d256"]
     if d256:
         md += ["", "Decode, bf16, Hq=16, Hkv=4 (GB/s of K+V):", "",
