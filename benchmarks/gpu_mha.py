@@ -260,7 +260,8 @@ def head_dim_prefill_table(rs):
     r0 = rs[0]
     md = ["", f"## Head dim {r0['D']}", "",
           f"Prefill, bf16, S={r0['S']}, B={r0['B']}, H={r0['H']} (TFLOP/s; 128-row tiles on the persistent "
-          "warp-specialized kernel, on the CTA-per-tile wgmma kernel with MSA_OPS_DENSE_WS=0, timed in the same "
+          "warp-specialized kernel (at head dim 64: three consumer warpgroups on 192-row items), on the "
+          "CTA-per-tile wgmma kernel with MSA_OPS_DENSE_WS=0, timed in the same "
           "rounds, and the 64-row mma.sync tile with MSA_OPS_CUDA_WGMMA=0):", "",
           "| causal | ours contiguous | ours paged | ours contiguous, CTA per tile | ours contiguous, mma.sync "
           "| cuDNN | ours/cuDNN | CTA per tile/cuDNN | paged/contig |",

@@ -5,7 +5,8 @@ slowest, bands, heads slowest for short sequences and bands for long ones: ws_sm
 choice); wsx: the persistent kernel with every warp storing its own rows (MSA_OPS_DENSE_WS_STORE=0, no TMA store);
 wsl0 / ctal0: ws / cta rescaling O at every rise of a row's max (MSA_OPS_LAZY_RESCALE=0). ws and its variants keep
 the 128-row items (MSA_OPS_DENSE_WS_PAIR=0); wsp: the pair kernel's 64-row items (=1, where it serves the call); wsd:
-the handler's default choice between the two. BENCH.md's
+the handler's default choice among them and wg3; wg3: three consumer warpgroups on 192-row items (head dim 64,
+MSA_OPS_DENSE_WS3=1; every variant but wsd sets it to 0). BENCH.md's
 prefill shapes: bf16, D=128 (--d: 64, 128, 256), H = 2048 / D (Hkv = H unless --hkv), B*S=16384, contiguous and paged
 (page 128) K/V, causal and not. Prints TFLOP/s and ratios; checks that both kernels agree with cuDNN.
 
@@ -36,7 +37,7 @@ def main():
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--total", type=int, default=16384)
     ap.add_argument("--variants", default="ws,cta",
-                    help="comma list of ws, wsp, wsd, cta, ws0-ws3, wsx, wsl0, ctal0 (the first is compared)")
+                    help="comma list of ws, wsp, wsd, cta, ws0-ws3, wsx, wsl0, ctal0, wg3 (the first is compared)")
     ap.add_argument("--masks", default="null,causal")
     ap.add_argument("--d", type=int, default=128, help="head dim (H = 2048 / D unless --h)")
     ap.add_argument("--h", type=int, default=0)
@@ -51,6 +52,11 @@ def main():
     envs = {"ws": ("1", "", "", "", "0"), "cta": ("0", "", "", "", ""), "wsx": ("1", "", "0", "", "0"),
             "wsl0": ("1", "", "", "0", "0"), "ctal0": ("0", "", "", "0", ""), "wsp": ("1", "", "", "", "1"),
             "wsd": ("1", "", "", "", ""), **{f"ws{i}": ("1", str(i), "", "", "0") for i in range(4)}}
+    # MSA_OPS_DENSE_WS3: 0 for every variant above (two consumer warpgroups); wg3: three, on 192-row items (D=64)
+    names += ("MSA_OPS_DENSE_WS3",)
+    envs = {k: v + ("0",) for k, v in envs.items()}
+    envs["wg3"] = ("1", "", "", "", "0", "1")
+    envs["wsd"] = ("1", "", "", "", "", "")  # the handler's own choice among the three
     hkv = args.hkv or h
     print(f"H={h}, Hkv={hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s")
     v0 = variants[0]

@@ -207,25 +207,30 @@ def _tile128_cases():
 
 def use_128_row_kernel(monkeypatch, kernel):
     """Selects the kernel that serves the 128-row tile on sm_90: the warp-specialized persistent one on 128-row
-    items (wgmma_ws; MSA_OPS_DENSE_WS_PAIR=0) or on 64-row items, one warpgroup each (wgmma_pair; =1, for ragged
-    calls whose group divides 64, else the 128-row items), the CTA-per-tile warpgroup-MMA one (MSA_OPS_DENSE_WS=0)
-    or mma.sync (MSA_OPS_CUDA_WGMMA=0, the kernel of every other GPU)."""
+    items (wgmma_ws; MSA_OPS_DENSE_WS_PAIR=0, MSA_OPS_DENSE_WS3=0), on 192-row items with three consumer
+    warpgroups at head dim 64 (wgmma_ws3; MSA_OPS_DENSE_WS3=1, other head dims on the 128-row items) or on 64-row
+    items, one warpgroup each (wgmma_pair; =1, for ragged calls whose group divides 64, else the 128-row items), the
+    CTA-per-tile warpgroup-MMA one (MSA_OPS_DENSE_WS=0) or mma.sync (MSA_OPS_CUDA_WGMMA=0, the kernel of every other
+    GPU)."""
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "0" if kernel == "mma_sync" else "1")
-    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1" if kernel in ("wgmma_ws", "wgmma_pair") else "0")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1" if kernel in ("wgmma_ws", "wgmma_pair", "wgmma_ws3") else "0")
     monkeypatch.setenv("MSA_OPS_DENSE_WS_PAIR", "1" if kernel == "wgmma_pair" else "0")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS3", "1" if kernel == "wgmma_ws3" else "0")
 
 
 KERNELS_128 = ["wgmma_ws", "wgmma_pair", "wgmma", "mma_sync"]
 
 
-def kind_128(kernel, group, ragged=True, page=16):
+def kind_128(kernel, group, ragged=True, page=16, d=128):
     """The launch kind (launch_counts) that serves a 128-row-tile call under use_128_row_kernel(kernel): the pair
-    kernel takes ragged calls whose group divides 64, the 128-row items the rest; pages under 8 keys or not a power
-    of two have no TMA boxes, so mma.sync serves them."""
+    kernel takes ragged calls whose group divides 64, the 128-row items the rest; the 192-row items head dim 64;
+    pages under 8 keys or not a power of two have no TMA boxes, so mma.sync serves them."""
     if kernel == "mma_sync" or page < 8 or page & (page - 1):
         return "mma"
     if kernel == "wgmma":
         return "sm90_cta"
+    if kernel == "wgmma_ws3":
+        return "sm90_ws3" if d == 64 else "sm90_ws"
     return "sm90_pair" if kernel == "wgmma_pair" and ragged and 64 % group == 0 else "sm90_ws"
 
 
@@ -257,7 +262,7 @@ def test_cuda_mha_128_row_tiles_match_oracle(case, kernel, monkeypatch):
     got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_ragged_paged(
         *a, sink_weights=sink, num_partitions=case["np_"], implementation="native", max_prompt_length=1024, **kw)),
         *args)
-    assert_served(kinds, kind_128(kernel, case["group"], page=page))
+    assert_served(kinds, kind_128(kernel, case["group"], page=page, d=d))
     want = oracle.mha_ragged_paged(*args, sink_weights=sink, **kw)
     assert_close(got, want, budget_for(case["dtype"]))
 
@@ -638,7 +643,7 @@ def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
     # (no plan for these ops: the handler takes the 128-row tile when some sequence may hold 128 / group tokens)
     got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_ragged_no_cache(*a, implementation="native", **kw)),
                           q, k, v, qo, ko)
-    assert_served(kinds, kind_128(kernel, group, page=128))
+    assert_served(kinds, kind_128(kernel, group, page=128, d=d))
     assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, ko, **kw), budget_for(dtype))
     s, sk = 150, 260
     vl = np.array([150, 0, 97, 131], np.int32)
@@ -650,7 +655,7 @@ def test_cuda_no_cache_128_row_tiles(kernel, mask, dtype, d, monkeypatch):
         vp[b, vl[b]:] = np.nan
     got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_padded_no_cache(*a, implementation="native", **kw)),
                           qp, kp, vp, vl)
-    assert_served(kinds, kind_128(kernel, group, ragged=False, page=128))
+    assert_served(kinds, kind_128(kernel, group, ragged=False, page=128, d=d))
     assert_close(got, oracle.mha_padded_no_cache(qp, kp, vp, vl, **kw), budget_for(dtype))
 
 
@@ -733,8 +738,89 @@ def test_cuda_mha_ws_prefill_many_items(case, kernel, monkeypatch):
     assert plan.tile_m == 128
     f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, num_partitions=np_, implementation="native",
                                                     max_prompt_length=1024, **kw))
-    got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, 7, served=kind_128(kernel, group, page=page))
+    got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, 7, served=kind_128(kernel, group, page=page, d=d))
     assert_close(got, oracle.mha_ragged_paged(*args, **kw), budget_for(dtype))
+
+
+@pytest.mark.parametrize("case", [c for c in _tile128_cases() if c["d"] == 64],
+                         ids=lambda c: f"{c['seed']}-{c['scenario']}-{c['mask']}")
+def test_cuda_mha_192_row_items_match_oracle(case, monkeypatch):
+    """Head dim 64 on the persistent kernel's three consumer warpgroups (192-row items, MSA_OPS_DENSE_WS3=1): the
+    128-row-tile sweep's head-dim-64 cases (ragged and padding rows, every mask, sinks, split-K, groups 1-16,
+    pages 16-256, bf16 and f16)."""
+    test_cuda_mha_128_row_tiles_match_oracle(case, "wgmma_ws3", monkeypatch)
+
+
+@pytest.mark.parametrize("mask", ["causal", "null", "sliding_window_causal"])
+def test_cuda_no_cache_192_row_items(mask, monkeypatch):
+    """Contiguous ragged and padded K/V with NaN past the keys on the 192-row items (head dim 64, f16)."""
+    test_cuda_no_cache_128_row_tiles("wgmma_ws3", mask, jnp.float16, 64, monkeypatch)
+
+
+@pytest.mark.parametrize("group,mask,np_", [(1, "causal", 0), (16, "null", 0), (4, "chunked_causal", 3),
+                                            (8, "sliding_window_causal", 0), (2, "causal", 2)])
+def test_cuda_mha_192_row_items_long_sequences(group, mask, np_, monkeypatch):
+    """The 192-row items over sequences of several tiles (rows of 192 / group tokens: 12 at group 16), more items
+    than CTAs, tiles that end inside a sequence and past it, caches before the new rows, a sink, split-K partials,
+    unowned rows (poisoned output), bf16 paged K/V (pages of 64) with NaN past the keys; then the padded paged op
+    (its tiles counted per sequence of S rows; no sink) on the same kernel."""
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS_PAIR", "0")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS3", "1")
+    rng = np.random.default_rng(192 + group + np_)
+    hkv, d, page = 4, 64, 64
+    h = hkv * group
+    n = [1000, 193, 0, 191, 384, 577]
+    cache_len = [0, 250, 40, 0, 700, 65]
+    batch = RaggedBatch(n, cache_len, sum(n) + 9)
+    tokens = [c + m for c, m in zip(cache_len, n)]
+    cache = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
+                             head_dim=d, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, h, d), jnp.bfloat16)
+    sink = rand(rng, (h,), jnp.bfloat16)
+    args = (q, batch.offsets, nan_past_keys(cache, batch.cache, batch.n, page), batch.cache_lengths, cache.lut, 1)
+    kw = dict(mask_str=mask, local_window_size=150)
+    f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=np_,
+                                                    implementation="native", max_prompt_length=1024, **kw))
+    got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, 9, served="sm90_ws3")
+    assert_close(got, oracle.mha_ragged_paged(*args, sink_weights=sink, **kw), budget_for(jnp.bfloat16))
+    s = 400
+    vl = np.array([400, 0, 193, 7], np.int32)
+    cl = np.array([30, 0, 500, 64], np.int32)
+    pc = make_paged_cache(rng, list(cl + vl), page_size=page, max_pages=16, n_kv_heads=hkv, head_dim=d,
+                          dtype=jnp.bfloat16)
+    qp = rand(rng, (4, s, h, d), jnp.bfloat16)
+    pargs = (qp, pc.kv_blocks, cl, pc.lut, 0, vl)
+    got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_padded_paged(
+        *a, num_partitions=np_, implementation="native", **kw)), *pargs)
+    assert_served(kinds, "sm90_ws3")
+    assert_close(got, oracle.mha_padded_paged(*pargs, **kw), budget_for(jnp.bfloat16))
+
+
+def test_cuda_mha_head_dim_64_kernel_choice(monkeypatch):
+    """Head dim 64 on the 128-row tile, MSA_OPS_DENSE_WS3 unset: the 192-row items serve calls with no mask, and
+    masked calls whose sequences average at least 4096 query rows (tokens x group); shorter masked calls keep the
+    128-row items (mha.cu's ws3_wanted). Each call also matches the oracle."""
+    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1")
+    monkeypatch.setenv("MSA_OPS_DENSE_WS_PAIR", "0")
+    monkeypatch.delenv("MSA_OPS_DENSE_WS3", raising=False)
+    rng = np.random.default_rng(6464)
+    hkv, d = 1, 64
+    for n, group, mask, kind in (([300, 200], 2, "null", "sm90_ws3"), ([300, 200], 2, "causal", "sm90_ws"),
+                                 ([1100, 948], 4, "causal", "sm90_ws3"), ([1000, 900], 4, "causal", "sm90_ws"),
+                                 ([4200], 1, "sliding_window_causal", "sm90_ws3")):
+        h = hkv * group
+        qo = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        q = rand(rng, (int(qo[-1]), h, d), jnp.bfloat16)
+        k = rand(rng, (int(qo[-1]), hkv, d), jnp.bfloat16)
+        v = rand(rng, (int(qo[-1]), hkv, d), jnp.bfloat16)
+        kw = dict(mask_str=mask, local_window_size=300)
+        got, kinds = launched(jax.jit(lambda *a, kw=kw: msa_ops.mha_ragged_no_cache(
+            *a, implementation="native", **kw)), q, k, v, qo, qo)
+        assert_served(kinds, kind)
+        assert_close(got, oracle.mha_ragged_no_cache(q, k, v, qo, qo, **kw), budget_for(jnp.bfloat16))
 
 
 def many_sequences(rng, nseq):

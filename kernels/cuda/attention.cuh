@@ -44,11 +44,12 @@ enum LaunchKind : int {
   kLaunchMsaDecodeCluster,  // msa_attention_kernel, its split-K partitions merged in a cluster
   kLaunchMsaPrefillCta,     // msa_prefill_sm90_kernel
   kLaunchMsaPrefillWs,      // msa_prefill_ws_sm90_kernel
+  kLaunchSm90Ws3,           // attention_ws_sm90_kernel with three consumer warpgroups (head dim 64, 192-row items)
   kLaunchKinds
 };
 inline constexpr char kLaunchNames[] =
     "mma,mma_cluster,sm90_cta,sm90_ws,sm90_pair,combine,zero_rows,msa_decode,msa_decode_cluster,msa_prefill_cta,"
-    "msa_prefill_ws";
+    "msa_prefill_ws,sm90_ws3";
 inline std::atomic<unsigned long long> g_launch_counts[kLaunchKinds];
 inline void note_launch(LaunchKind k) { g_launch_counts[k].fetch_add(1, std::memory_order_relaxed); }
 

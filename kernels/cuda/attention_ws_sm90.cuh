@@ -3,16 +3,17 @@
 // taken off the tensor cores' path, as msa_prefill_ws_sm90.cuh does for the block-sparse kernel.
 //
 // One CTA per SM walks the work items (query tile x kv head x split-K partition; the kv heads slowest with no mask or
-// short sequences, else heaviest first in bands: ws_sm90.cuh) with three warpgroups:
-//   * warp 0 (the loader) issues every TMA: an item's Q (D/64 boxes of [128/group tokens][group heads][64]) into
+// short sequences, else heaviest first in bands: ws_sm90.cuh) with three warpgroups (four with DenseWs<64, 3>):
+//   * warp 0 (the loader) issues every TMA: an item's Q (D/64 boxes of [BM/group tokens][group heads][64]) into
 //     one of two Q buffers, with the item's place (ws_locate, next to the buffer: the consumers do not wait on
 //     its global reads), then the item's K and V tiles into K and V rings (V one tile behind K), each tile with
 //     the mask of its present keys (a page-table entry naming no page of the pool, or keys past the sequence);
 //     After its walk it zeroes the output rows that no sequence owns (unsplit calls; ws_zero_unowned_rows), while
 //     the consumers finish their last item, so that no launch follows the kernel;
 //   * warps 1-3 exit once the whole CTA has built the walk's order (ws_order_build);
-//   * warpgroups 1 and 2 (the consumers) run attention_sm90_kernel's wgmma pipeline over 64 rows each and take
-//     turns issuing each step's MMAs (named barriers 3 and 4), so that one's softmax runs under the other's MMAs;
+//   * warpgroups 1 and 2 (the consumers; 1-3 on the 192-row items of DenseWs<64, 3>) run attention_sm90_kernel's
+//     wgmma pipeline over 64 rows each and take turns issuing each step's MMAs (named barriers 3 and 4; 3-5), so
+//     that one's softmax runs under the others' MMAs;
 //     then they store their rows through their part of the Q buffer (unsplit: a warp's 16 rows of the sequence by
 //     one TMA store, a partial slice by the lanes) or write the partition's partials.
 // Every hand-over is an mbarrier (full: TMA bytes; empty: the consumers' arrivals) per Q buffer and ring stage,
@@ -20,7 +21,8 @@
 // never wait at a CTA-wide barrier. The producer warpgroup gives registers to the consumers (setmaxnreg).
 //
 // Served where group divides 128 (Q by TMA); mha.cu keeps attention_sm90_kernel otherwise, and always with
-// MSA_OPS_DENSE_WS=0. Head dims 64, 128 and 256 (at 256: one Q buffer and 64-key K/V tiles, DenseWs).
+// MSA_OPS_DENSE_WS=0. Head dims 64, 128 and 256 (at 256: one Q buffer and 64-key K/V tiles, DenseWs). At head dim
+// 64 mha.cu takes the three consumer warpgroups where ws3_wanted says so.
 #pragma once
 
 #include "ws_sm90.cuh"
@@ -34,19 +36,25 @@ struct DenseWsItem {
   int hkv, part;
 };
 
-template <int D>
+// W: consumer warpgroups, each taking 64 rows of the W x 64-row query tile. Three (head dim 64 only) put three
+// warps on each scheduler to hide the exponentials' latency (benchmarks/NOTES_mha.md v50, v51), at 160 registers a
+// consumer thread.
+template <int D, int W = 2>
 struct DenseWs {
-  static constexpr int kThreads = 384;
-  static constexpr int kConsumerThreads = 256;
+  static_assert(W == 2 || (W == 3 && D == 64), "consumer warpgroups");
+  static constexpr int kWgs = W;
+  static constexpr int kThreads = 128 * (W + 1);
+  static constexpr int kConsumerThreads = 128 * W;
   // Head dim 256 (kWide): O takes 128 registers a consumer thread (64 x 256 f32 a warpgroup), so the consumers take
   // more; a Q tile takes 64 KB, so there is one Q buffer (the next item's Q loads once the current item's rows have
   // left through it) and K and V go in 64-key tiles, as in attention_sm90_kernel's split rings.
   static constexpr bool kWide = D > 128;
-  static constexpr int kProducerRegs = kWide ? 40 : 56;
-  static constexpr int kConsumerRegs = kWide ? 232 : 224;
-  static constexpr int kLaunchRegs = 168;  // __launch_bounds__(384, 1): what setmaxnreg redistributes
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kLaunchRegs, "register pool");
-  static constexpr int kBlockM = 128;
+  static constexpr int kProducerRegs = W == 3 ? 32 : kWide ? 40 : 56;
+  static constexpr int kConsumerRegs = W == 3 ? 160 : kWide ? 232 : 224;
+  // __launch_bounds__(kThreads, 1): what setmaxnreg redistributes
+  static constexpr int kLaunchRegs = W == 3 ? 128 : 168;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs, "register pool");
+  static constexpr int kBlockM = 64 * W;
   static constexpr int kBlockN = kWide ? 64 : 128;
   static constexpr int kStages = D == 64 ? 4 : 2;  // of the K ring and of the V ring
   static constexpr int kQBufs = kWide ? 1 : 2;
@@ -259,13 +267,13 @@ __device__ __forceinline__ int ws_load_item(const AttentionArgs& a, const Sm90Kv
 
 // tiles_x: the host's bound on the query tiles of the call (locate_tile's numbering); the items are the tiles
 // (counted by ws_order_build where it can, else tiles_x) x Hkv x partitions, walked as `walk` (WsWalk) says.
-template <typename T, int D>
-__global__ void __launch_bounds__(384, 1)
+template <typename T, int D, int W = 2>
+__global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
     attention_ws_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm,
                              const __grid_constant__ CUtensorMap qmap, int tiles_x, int walk,
                              const __grid_constant__ CUtensorMap omap, int tma_store) {
 #if defined(MSA_OPS_SM90_WGMMA)
-  using C = DenseWs<D>;
+  using C = DenseWs<D, W>;
   constexpr int BM = C::kBlockM, BN = C::kBlockN, S = C::kStages;
   constexpr int NS = BN / 8, ND = D / 8;
   extern __shared__ unsigned char smem_raw[];
@@ -308,15 +316,28 @@ __global__ void __launch_bounds__(384, 1)
   } else {
     // ------------------------------------------------------------------ consumers (warpgroups 1 and 2)
     setmaxnreg_inc<C::kConsumerRegs>();
-    const int ctid = tid - 128;  // 0..255
+    const int ctid = tid - 128;  // 0..W x 128 - 1
     const int cwg = ctid / 128;
     const int warp_row0 = cwg * 64 + (warp % 4) * 16;  // first tile row of this warp
     const float sl2 = a.scale_log2;
-    // Turns at the tensor cores (msa_prefill_ws_sm90.cuh): both warpgroups issue the same steps of the same
-    // items; warpgroup 1's first arrival lets warpgroup 0 start.
-    auto turn = [&] { cwg == 0 ? named_sync<3>(C::kConsumerThreads) : named_sync<4>(C::kConsumerThreads); };
-    auto pass = [&] { cwg == 0 ? named_arrive<4>(C::kConsumerThreads) : named_arrive<3>(C::kConsumerThreads); };
-    if (cwg == 1) named_arrive<3>(C::kConsumerThreads);
+    // Turns at the tensor cores (msa_prefill_ws_sm90.cuh): every warpgroup issues the same steps of the same items,
+    // in the order 0, 1 (, 2), 0, ...; warpgroup W - 1's first arrival lets warpgroup 0 start. Each named barrier
+    // (3, 4, 5 for warpgroups 0, 1, 2) takes 256 threads: its warpgroup waiting, the one before it arriving.
+    auto turn = [&] {
+      if constexpr (W == 2) {
+        cwg == 0 ? named_sync<3>(C::kConsumerThreads) : named_sync<4>(C::kConsumerThreads);
+      } else {
+        cwg == 0 ? named_sync<3>(256) : cwg == 1 ? named_sync<4>(256) : named_sync<5>(256);
+      }
+    };
+    auto pass = [&] {
+      if constexpr (W == 2) {
+        cwg == 0 ? named_arrive<4>(C::kConsumerThreads) : named_arrive<3>(C::kConsumerThreads);
+      } else {
+        cwg == 0 ? named_arrive<4>(256) : cwg == 1 ? named_arrive<5>(256) : named_arrive<3>(256);
+      }
+    };
+    if (cwg == W - 1) named_arrive<3>(256);
     int g = 0, qi = 0;
     float o[ND * 4];
     float s[NS * 4];

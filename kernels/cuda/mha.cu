@@ -80,6 +80,23 @@ bool ws_pair_wanted(const AttentionArgs& a) {
   return static_cast<int64_t>(a.total_rows) * a.group <= kWsPairMaxRows * a.batch;
 }
 
+// Whether a head-dim-64 call on the 128-row tile asks for the persistent kernel's three consumer warpgroups (192-row
+// items): MSA_OPS_DENSE_WS3=1 always, 0 never; by default with no mask, or with a mask when the sequences' query rows
+// (tokens x group) average at least kWs3MaskedMinRows. On an H200 (bf16, H=32, B*S=16384; benchmarks/NOTES_mha.md
+// v51) three warpgroups took no-mask prefill from 262-397 to 281-453 TFLOP/s at S=512-8k, and causal from 367 to 391
+// at 8k, the same at 2k, but 14-17% slower at 512 and 1k, where the 192-row diagonal tiles waste more of their steps.
+constexpr int64_t kWs3MaskedMinRows = 4096;
+bool ws3_wanted(const AttentionArgs& a) {
+  const char* env = std::getenv("MSA_OPS_DENSE_WS3");
+  if (env != nullptr && env[0] == '0') return false;
+  if (env != nullptr && env[0] == '1') return true;
+  if (a.mask == kMaskNull) return true;
+  const int64_t rows = a.q_mode == kQPadded ? static_cast<int64_t>(a.seq_rows) * a.group
+                       : a.batch > 0        ? static_cast<int64_t>(a.total_rows) * a.group / a.batch
+                                            : 0;
+  return rows >= kWs3MaskedMinRows;
+}
+
 template <typename T, int D, int BM, int STAGES>
 Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, const char* target) {
   using Cfg = AttentionConfig<T, D, BM, STAGES>;
@@ -136,6 +153,26 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
         }
         // (kv's boxes are the CTA-per-tile kernel's key tiles, which are DenseWs's: 128 keys, 64 at head dim 256.)
         static_assert(DenseWs<D>::kBlockN == Sm90Config<T, D>::kBlockN, "one K/V descriptor for both kernels");
+        if constexpr (D == 64) {
+          // Head dim 64: three consumer warpgroups on 192-row items (DenseWs<64, 3>; ws3_wanted), else the 128-row
+          // items below.
+          using C3 = DenseWs<64, 3>;
+          static const bool ws3_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, 64, 3>, C3::kLaunchRegs);
+          const bool want3 = ws3_wanted(a);
+          const int64_t tiles3 = a.q_mode == kQPadded
+                                     ? static_cast<int64_t>(a.batch) * ceil_div(int64_t{a.seq_rows} * a.group,
+                                                                                int64_t{C3::kBlockM})
+                                     : ragged_tiles(a.total_rows, a.batch, a.group, C3::kBlockM);
+          const int64_t items3 = tiles3 * a.Hkv * grid.z;
+          if (!persistent && want3 && ws3_regs_ok && tiles3 > 0 && items3 <= INT32_MAX / 4 &&
+              make_dense_q_map<T, D>(a, &qmap, C3::kBlockM)) {
+            note_launch(kLaunchSm90Ws3);
+            launch_ws(attention_ws_sm90_kernel<T, 64, 3>, C3::kThreads, C3::kSmemAlloc, kv, items3,
+                      static_cast<int>(tiles3));
+            persistent = true;
+            zeroed = a.num_partitions <= 1;
+          }
+        }
         if (!persistent && ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
           note_launch(kLaunchSm90Ws);
           launch_ws(attention_ws_sm90_kernel<T, D>, DenseWs<D>::kThreads, DenseWs<D>::kSmemAlloc, kv, items, grid_x);
