@@ -758,12 +758,15 @@ def test_cuda_no_cache_192_row_items(mask, monkeypatch):
 
 
 @pytest.mark.parametrize("group,mask,np_", [(1, "causal", 0), (16, "null", 0), (4, "chunked_causal", 3),
-                                            (8, "sliding_window_causal", 0), (2, "causal", 2)])
+                                            (8, "sliding_window_causal", 0), (2, "causal", 2), (3, "causal", 0),
+                                            (12, "null", 3), (6, "sliding_window_causal", 0)])
 def test_cuda_mha_192_row_items_long_sequences(group, mask, np_, monkeypatch):
     """The 192-row items over sequences of several tiles (rows of 192 / group tokens: 12 at group 16), more items
     than CTAs, tiles that end inside a sequence and past it, caches before the new rows, a sink, split-K partials,
     unowned rows (poisoned output), bf16 paged K/V (pages of 64) with NaN past the keys; then the padded paged op
-    (its tiles counted per sequence of S rows; no sink) on the same kernel."""
+    (its tiles counted per sequence of S rows; no sink) on the same kernel. Groups 3, 6 and 12 divide 192 but not
+    128: the 192-row items serve them (their rows leave lane by lane, not by TMA store), where the two-warpgroup
+    kernels cannot."""
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
     monkeypatch.setenv("MSA_OPS_DENSE_WS", "1")
     monkeypatch.setenv("MSA_OPS_DENSE_WS_PAIR", "0")
