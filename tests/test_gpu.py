@@ -776,6 +776,8 @@ def test_cuda_mha_192_row_items_long_sequences(group, mask, np_, monkeypatch):
     h = hkv * group
     n = [1000, 193, 0, 191, 384, 577]
     cache_len = [0, 250, 40, 0, 700, 65]
+    if group == 8:  # 21, 19 and 20 tiles of 192 rows: the sequences' tiles interleaved in bands (ws_order_build)
+        n, cache_len = [500, 450, 480], [0, 100, 30]
     batch = RaggedBatch(n, cache_len, sum(n) + 9)
     tokens = [c + m for c, m in zip(cache_len, n)]
     cache = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
@@ -840,7 +842,7 @@ def many_sequences(rng, nseq):
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
 @pytest.mark.parametrize("nseq", [100, 129, 700, 1024, 1100, 5000])
-def test_cuda_mha_128_row_tiles_many_sequences(kernel, nseq, monkeypatch):
+def test_cuda_mha_128_row_tiles_many_sequences(kernel, nseq, monkeypatch, d=128):
     """Many short sequences and two longer ones on the 128-row tile: the persistent kernels' sequence table (its
     tiles counted; entries per sequence at 100 sequences, per chunk of 32 at 129, 700 and 1024, of 64 at 1100 and
     of 160 at 5000, whose scan from the chunk takes two rounds of loads; not the interleaved walk, since the longest
@@ -849,7 +851,7 @@ def test_cuda_mha_128_row_tiles_many_sequences(kernel, nseq, monkeypatch):
     sequence owns."""
     use_128_row_kernel(monkeypatch, kernel)
     rng = np.random.default_rng(nseq)
-    hkv, group, d, page = 1, 8, 128, 64
+    hkv, group, page = 1, 8, 64
     qo, T, cache_len = many_sequences(rng, nseq)
     rows = np.diff(np.minimum(np.maximum.accumulate(qo), T))
     tokens = [c + int(m) for c, m in zip(cache_len, rows)]
@@ -862,20 +864,21 @@ def test_cuda_mha_128_row_tiles_many_sequences(kernel, nseq, monkeypatch):
     assert plan.tile_m == 128
     f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, implementation="native", max_prompt_length=2048,
                                                     mask_str="causal"))
-    got = run_on_poisoned_output(f, args, (T, hkv * group, d), 5, 7, served=kind_128(kernel, group, page=page))
+    got = run_on_poisoned_output(f, args, (T, hkv * group, d), 5, 7,
+                                 served=kind_128(kernel, group, page=page, d=d))
     assert_close(got, oracle.mha_ragged_paged(*args, mask_str="causal"), budget_for(jnp.bfloat16))
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)
 @pytest.mark.parametrize("mask,window", [("sliding_window_causal", 8), ("chunked_causal", 64), ("causal", 0)])
-def test_cuda_mha_128_row_tiles_queries_past_page_table(kernel, mask, window, monkeypatch):
+def test_cuda_mha_128_row_tiles_queries_past_page_table(kernel, mask, window, monkeypatch, d=128):
     """Query positions far past the page table (cache + rows > max_pages * page_size): keys past it do not exist
     (docs/SEMANTICS.md), so a window or chunk that lies past them sees none, and such rows put tiles wholly past the
     keys into their tile's key range. The kernels zero those tiles' V rows from row 0 (a negative start row wrote
     shared memory below the tile: other items' K/V and Q in the persistent kernel, and past the CTA's window)."""
     use_128_row_kernel(monkeypatch, kernel)
     rng = np.random.default_rng(len(mask) + len(kernel))
-    hkv, group, d, page, max_pages = 2, 4, 128, 16, 32  # S_max = 512
+    hkv, group, page, max_pages = 2, 4, 16, 32  # S_max = 512
     s_max = page * max_pages
     n = [1000, 300, 40, 700]
     cache_len = [500, 0, 600, 100]  # 600: past S_max, read as S_max
@@ -890,6 +893,22 @@ def test_cuda_mha_128_row_tiles_queries_past_page_table(kernel, mask, window, mo
         *args
     )
     assert_close(got, oracle.mha_ragged_paged(*args, **kw), budget_for(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("nseq", [129, 700])
+def test_cuda_mha_192_row_items_many_sequences(nseq, monkeypatch):
+    """test_cuda_mha_128_row_tiles_many_sequences at head dim 64 on the 192-row items: the sequence table in chunks,
+    rows before offsets[0] and past offsets[B] (poisoned output), a decreasing offset."""
+    test_cuda_mha_128_row_tiles_many_sequences("wgmma_ws3", nseq, monkeypatch, d=64)
+
+
+@pytest.mark.parametrize("mask,window", [("sliding_window_causal", 8), ("chunked_causal", 64), ("causal", 0)])
+def test_cuda_mha_192_row_items_queries_past_page_table(mask, window, monkeypatch):
+    """test_cuda_mha_128_row_tiles_queries_past_page_table at head dim 64 on the 192-row items (tiles wholly past the
+    keys, their V rows zeroed by the three warpgroups), which must serve the call."""
+    before = _native.launch_counts()
+    test_cuda_mha_128_row_tiles_queries_past_page_table("wgmma_ws3", mask, window, monkeypatch, d=64)
+    assert _native.launch_counts()["sm90_ws3"] > before["sm90_ws3"]
 
 
 @pytest.mark.parametrize("kernel", KERNELS_128)

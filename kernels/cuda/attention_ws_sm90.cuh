@@ -20,8 +20,8 @@
 // so the next item's Q and first K/V tiles load while the consumers finish the current one, and the consumers
 // never wait at a CTA-wide barrier. The producer warpgroup gives registers to the consumers (setmaxnreg).
 //
-// Served where group divides 128 (Q by TMA); mha.cu keeps attention_sm90_kernel otherwise, and always with
-// MSA_OPS_DENSE_WS=0. Head dims 64, 128 and 256 (at 256: one Q buffer and 64-key K/V tiles, DenseWs). At head dim
+// Served where group divides the tile's rows, 128 (192 with three consumer warpgroups: Q by TMA); mha.cu keeps
+// attention_sm90_kernel otherwise, and always with MSA_OPS_DENSE_WS=0. Head dims 64, 128 and 256 (at 256: one Q buffer and 64-key K/V tiles, DenseWs). At head dim
 // 64 mha.cu takes the three consumer warpgroups where ws3_wanted says so.
 #pragma once
 
@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
     }
     if (a.num_partitions <= 1) ws_zero_unowned_rows<BM, T>(a, sOrder, a.H * D);
   } else {
-    // ------------------------------------------------------------------ consumers (warpgroups 1 and 2)
+    // ------------------------------------------------------------------ consumers (warpgroups 1 to W)
     setmaxnreg_inc<C::kConsumerRegs>();
     const int ctid = tid - 128;  // 0..W x 128 - 1
     const int cwg = ctid / 128;

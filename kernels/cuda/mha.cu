@@ -82,7 +82,8 @@ bool ws_pair_wanted(const AttentionArgs& a) {
 
 // Whether a head-dim-64 call on the 128-row tile asks for the persistent kernel's three consumer warpgroups (192-row
 // items): MSA_OPS_DENSE_WS3=1 always, 0 never; by default with no mask, or with a mask when the sequences' query rows
-// (tokens x group) average at least kWs3MaskedMinRows. On an H200 (bf16, H=32, B*S=16384; benchmarks/NOTES_mha.md
+// (tokens x group; ragged: the call's rows over its sequences) average at least kWs3MaskedMinRows (measured at group
+// 1 only). On an H200 (bf16, H=32, B*S=16384; benchmarks/NOTES_mha.md
 // v51) three warpgroups took no-mask prefill from 262-397 to 281-453 TFLOP/s at S=512-8k, and causal from 367 to 391
 // at 8k, the same at 2k, but 14-17% slower at 512 and 1k, where the 192-row diagonal tiles waste more of their steps.
 constexpr int64_t kWs3MaskedMinRows = 4096;
@@ -157,6 +158,7 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
           // Head dim 64: three consumer warpgroups on 192-row items (DenseWs<64, 3>; ws3_wanted), else the 128-row
           // items below.
           using C3 = DenseWs<64, 3>;
+          static_assert(C3::kBlockN == Sm90Config<T, D>::kBlockN, "one K/V descriptor for both kernels");
           static const bool ws3_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, 64, 3>, C3::kLaunchRegs);
           const bool want3 = ws3_wanted(a);
           const int64_t tiles3 = a.q_mode == kQPadded
