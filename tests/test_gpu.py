@@ -804,16 +804,17 @@ def test_cuda_mha_192_row_items_long_sequences(group, mask, np_, monkeypatch):
 
 
 def test_cuda_mha_head_dim_64_kernel_choice(monkeypatch):
-    """Head dim 64 on the 128-row tile, MSA_OPS_DENSE_WS3 unset: the 192-row items serve calls with no mask, and
-    masked calls whose sequences average at least 4096 query rows (tokens x group); shorter masked calls keep the
-    128-row items (mha.cu's ws3_wanted). Each call also matches the oracle."""
+    """Head dim 64 on the 128-row tile, MSA_OPS_DENSE_WS3 unset: the 192-row items serve calls whose sequences
+    average at least 512 query rows (tokens x group) with no mask and 4096 with one; shorter calls keep the 128-row
+    items (mha.cu's ws3_wanted). Each call also matches the oracle."""
     monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
     monkeypatch.setenv("MSA_OPS_DENSE_WS", "1")
     monkeypatch.setenv("MSA_OPS_DENSE_WS_PAIR", "0")
     monkeypatch.delenv("MSA_OPS_DENSE_WS3", raising=False)
     rng = np.random.default_rng(6464)
     hkv, d = 1, 64
-    for n, group, mask, kind in (([300, 200], 2, "null", "sm90_ws3"), ([300, 200], 2, "causal", "sm90_ws"),
+    for n, group, mask, kind in (([300, 260], 2, "null", "sm90_ws3"), ([300, 200], 2, "null", "sm90_ws"),
+                                 ([300, 260], 2, "causal", "sm90_ws"),
                                  ([1100, 948], 4, "causal", "sm90_ws3"), ([1000, 900], 4, "causal", "sm90_ws"),
                                  ([4200], 1, "sliding_window_causal", "sm90_ws3")):
         h = hkv * group

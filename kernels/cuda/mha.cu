@@ -81,21 +81,22 @@ bool ws_pair_wanted(const AttentionArgs& a) {
 }
 
 // Whether a head-dim-64 call on the 128-row tile asks for the persistent kernel's three consumer warpgroups (192-row
-// items): MSA_OPS_DENSE_WS3=1 always, 0 never; by default with no mask, or with a mask when the sequences' query rows
-// (tokens x group; ragged: the call's rows over its sequences) average at least kWs3MaskedMinRows (measured at group
-// 1 only). On an H200 (bf16, H=32, B*S=16384; benchmarks/NOTES_mha.md
-// v51) three warpgroups took no-mask prefill from 262-397 to 281-453 TFLOP/s at S=512-8k, and causal from 367 to 391
-// at 8k, the same at 2k, but 14-17% slower at 512 and 1k, where the 192-row diagonal tiles waste more of their steps.
+// items): MSA_OPS_DENSE_WS3=1 always, 0 never; by default when the sequences' query rows (tokens x group; ragged: the
+// call's rows over its sequences) average at least kWs3MinRows with no mask, kWs3MaskedMinRows with one. On an H200
+// (bf16, group 1, H=32, B*S=16384; benchmarks/NOTES_mha.md v51) three warpgroups took no-mask prefill from 262-397
+// to 281-453 TFLOP/s at S=512-8k, and causal from 367 to 391 at 8k, the same at 2k, but 14-17% slower at 512 and
+// 1k, where the 192-row diagonal tiles waste more of their steps. Below 512 rows (not measured) a 192-row tile
+// leaves more of its rows empty than a 128-row one does, so the two warpgroups keep those calls.
+constexpr int64_t kWs3MinRows = 512;
 constexpr int64_t kWs3MaskedMinRows = 4096;
 bool ws3_wanted(const AttentionArgs& a) {
   const char* env = std::getenv("MSA_OPS_DENSE_WS3");
   if (env != nullptr && env[0] == '0') return false;
   if (env != nullptr && env[0] == '1') return true;
-  if (a.mask == kMaskNull) return true;
   const int64_t rows = a.q_mode == kQPadded ? static_cast<int64_t>(a.seq_rows) * a.group
                        : a.batch > 0        ? static_cast<int64_t>(a.total_rows) * a.group / a.batch
                                             : 0;
-  return rows >= kWs3MaskedMinRows;
+  return rows >= (a.mask == kMaskNull ? kWs3MinRows : kWs3MaskedMinRows);
 }
 
 template <typename T, int D, int BM, int STAGES>
