@@ -51,12 +51,13 @@ def main():
              "MSA_OPS_DENSE_WS_PAIR")
     envs = {"ws": ("1", "", "", "", "0"), "cta": ("0", "", "", "", ""), "wsx": ("1", "", "0", "", "0"),
             "wsl0": ("1", "", "", "0", "0"), "ctal0": ("0", "", "", "0", ""), "wsp": ("1", "", "", "", "1"),
-            "wsd": ("1", "", "", "", ""), **{f"ws{i}": ("1", str(i), "", "", "0") for i in range(4)}}
-    # MSA_OPS_DENSE_WS3: 0 for every variant above (two consumer warpgroups); wg3: three, on 192-row items (D=64)
+            **{f"ws{i}": ("1", str(i), "", "", "0") for i in range(4)}}
+    # MSA_OPS_DENSE_WS3: 0 for every variant above (two consumer warpgroups); wg3: three, on 192-row items (D=64);
+    # wsd: the handler's own choice among them
     names += ("MSA_OPS_DENSE_WS3",)
     envs = {k: v + ("0",) for k, v in envs.items()}
     envs["wg3"] = ("1", "", "", "", "0", "1")
-    envs["wsd"] = ("1", "", "", "", "", "")  # the handler's own choice among the three
+    envs["wsd"] = ("1", "", "", "", "", "")
     hkv = args.hkv or h
     print(f"H={h}, Hkv={hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s")
     v0 = variants[0]

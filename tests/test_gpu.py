@@ -767,10 +767,7 @@ def test_cuda_mha_192_row_items_long_sequences(group, mask, np_, monkeypatch):
     (its tiles counted per sequence of S rows; no sink) on the same kernel. Groups 3, 6 and 12 divide 192 but not
     128: the 192-row items serve them (their rows leave lane by lane, not by TMA store), where the two-warpgroup
     kernels cannot."""
-    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
-    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1")
-    monkeypatch.setenv("MSA_OPS_DENSE_WS_PAIR", "0")
-    monkeypatch.setenv("MSA_OPS_DENSE_WS3", "1")
+    use_128_row_kernel(monkeypatch, "wgmma_ws3")
     rng = np.random.default_rng(192 + group + np_)
     hkv, d, page = 4, 64, 64
     h = hkv * group
@@ -807,10 +804,8 @@ def test_cuda_mha_head_dim_64_kernel_choice(monkeypatch):
     """Head dim 64 on the 128-row tile, MSA_OPS_DENSE_WS3 unset: the 192-row items serve calls whose sequences
     average at least 512 query rows (tokens x group) with no mask and 4096 with one; shorter calls keep the 128-row
     items (mha.cu's ws3_wanted). Each call also matches the oracle."""
-    monkeypatch.setenv("MSA_OPS_CUDA_WGMMA", "1")
-    monkeypatch.setenv("MSA_OPS_DENSE_WS", "1")
-    monkeypatch.setenv("MSA_OPS_DENSE_WS_PAIR", "0")
-    monkeypatch.delenv("MSA_OPS_DENSE_WS3", raising=False)
+    use_128_row_kernel(monkeypatch, "wgmma_ws")
+    monkeypatch.delenv("MSA_OPS_DENSE_WS3")
     rng = np.random.default_rng(6464)
     hkv, d = 1, 64
     for n, group, mask, kind in (([300, 260], 2, "null", "sm90_ws3"), ([300, 200], 2, "null", "sm90_ws"),

@@ -21,8 +21,9 @@
 // never wait at a CTA-wide barrier. The producer warpgroup gives registers to the consumers (setmaxnreg).
 //
 // Served where group divides the tile's rows, 128 (192 with three consumer warpgroups: Q by TMA); mha.cu keeps
-// attention_sm90_kernel otherwise, and always with MSA_OPS_DENSE_WS=0. Head dims 64, 128 and 256 (at 256: one Q buffer and 64-key K/V tiles, DenseWs). At head dim
-// 64 mha.cu takes the three consumer warpgroups where ws3_wanted says so.
+// attention_sm90_kernel otherwise, and always with MSA_OPS_DENSE_WS=0. Head dims 64, 128 and 256 (at 256: one Q
+// buffer and 64-key K/V tiles, DenseWs). At head dim 64 mha.cu takes the three consumer warpgroups where ws3_wanted
+// says so.
 #pragma once
 
 #include "ws_sm90.cuh"
@@ -42,7 +43,6 @@ struct DenseWsItem {
 template <int D, int W = 2>
 struct DenseWs {
   static_assert(W == 2 || (W == 3 && D == 64), "consumer warpgroups");
-  static constexpr int kWgs = W;
   static constexpr int kThreads = 128 * (W + 1);
   static constexpr int kConsumerThreads = 128 * W;
   // Head dim 256 (kWide): O takes 128 registers a consumer thread (64 x 256 f32 a warpgroup), so the consumers take

@@ -63,6 +63,12 @@ Error check_launch(const char* target) {
 int64_t ragged_tiles(int64_t T, int64_t B, int64_t group, int64_t bm) {
   return B <= 0 ? 0 : (T * group + std::min(B, T) * (bm - std::gcd(group, bm))) / bm;
 }
+// The query tiles of bm packed rows of a call, as locate_tile numbers them: per sequence of S rows when padded, else
+// ragged_tiles' bound.
+int64_t query_tiles(const AttentionArgs& a, int64_t bm) {
+  return a.q_mode == kQPadded ? static_cast<int64_t>(a.batch) * ceil_div(static_cast<int64_t>(a.seq_rows) * a.group, bm)
+                              : ragged_tiles(a.total_rows, a.batch, a.group, bm);
+}
 // Spare x tiles of a ragged call of T query rows, for zeroing unowned rows: one, and one more per 64 rows (each spare
 // CTA zeroes its kv head's heads of every n-th unowned row).
 int64_t spare_tiles(int64_t T) { return 1 + T / 64; }
@@ -71,12 +77,17 @@ int64_t spare_tiles(int64_t T) { return 1 + T / 64; }
 // warpgroup its own 64-row items; it serves the call where its Q map can be made, i.e. the group divides 64):
 // MSA_OPS_DENSE_WS_PAIR=1 always, 0 never; by default when the sequences' rows (tokens x group) average at most
 // kWsPairMaxRows.
+// An environment switch read at each launch: 0 or 1 where the variable starts with that digit, else -1 (the
+// handler's own choice).
+int env_switch(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] - '0' : -1;
+}
+
 constexpr int64_t kWsPairMaxRows = 64;
 bool ws_pair_wanted(const AttentionArgs& a) {
   if (a.q_mode != kQRagged || a.batch <= 0) return false;
-  const char* env = std::getenv("MSA_OPS_DENSE_WS_PAIR");
-  if (env != nullptr && env[0] == '0') return false;
-  if (env != nullptr && env[0] == '1') return true;
+  if (const int sw = env_switch("MSA_OPS_DENSE_WS_PAIR"); sw >= 0) return sw == 1;
   return static_cast<int64_t>(a.total_rows) * a.group <= kWsPairMaxRows * a.batch;
 }
 
@@ -90,9 +101,7 @@ bool ws_pair_wanted(const AttentionArgs& a) {
 constexpr int64_t kWs3MinRows = 512;
 constexpr int64_t kWs3MaskedMinRows = 4096;
 bool ws3_wanted(const AttentionArgs& a) {
-  const char* env = std::getenv("MSA_OPS_DENSE_WS3");
-  if (env != nullptr && env[0] == '0') return false;
-  if (env != nullptr && env[0] == '1') return true;
+  if (const int sw = env_switch("MSA_OPS_DENSE_WS3"); sw >= 0) return sw == 1;
   const int64_t rows = a.q_mode == kQPadded ? static_cast<int64_t>(a.seq_rows) * a.group
                        : a.batch > 0        ? static_cast<int64_t>(a.total_rows) * a.group / a.batch
                                             : 0;
@@ -161,19 +170,16 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
           using C3 = DenseWs<64, 3>;
           static_assert(C3::kBlockN == Sm90Config<T, D>::kBlockN, "one K/V descriptor for both kernels");
           static const bool ws3_regs_ok = kernel_holds_regs(attention_ws_sm90_kernel<T, 64, 3>, C3::kLaunchRegs);
-          const bool want3 = ws3_wanted(a);
-          const int64_t tiles3 = a.q_mode == kQPadded
-                                     ? static_cast<int64_t>(a.batch) * ceil_div(int64_t{a.seq_rows} * a.group,
-                                                                                int64_t{C3::kBlockM})
-                                     : ragged_tiles(a.total_rows, a.batch, a.group, C3::kBlockM);
-          const int64_t items3 = tiles3 * a.Hkv * grid.z;
-          if (!persistent && want3 && ws3_regs_ok && tiles3 > 0 && items3 <= INT32_MAX / 4 &&
-              make_dense_q_map<T, D>(a, &qmap, C3::kBlockM)) {
-            note_launch(kLaunchSm90Ws3);
-            launch_ws(attention_ws_sm90_kernel<T, 64, 3>, C3::kThreads, C3::kSmemAlloc, kv, items3,
-                      static_cast<int>(tiles3));
-            persistent = true;
-            zeroed = a.num_partitions <= 1;
+          if (!persistent && ws3_regs_ok && ws3_wanted(a)) {
+            const int64_t tiles3 = query_tiles(a, C3::kBlockM);
+            const int64_t items3 = tiles3 * a.Hkv * grid.z;
+            if (tiles3 > 0 && items3 <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap, C3::kBlockM)) {
+              note_launch(kLaunchSm90Ws3);
+              launch_ws(attention_ws_sm90_kernel<T, 64, 3>, C3::kThreads, C3::kSmemAlloc, kv, items3,
+                        static_cast<int>(tiles3));
+              persistent = true;
+              zeroed = a.num_partitions <= 1;
+            }
           }
         }
         if (!persistent && ws_regs_ok && items <= INT32_MAX / 4 && make_dense_q_map<T, D>(a, &qmap)) {
@@ -385,7 +391,7 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   fill_paged(a, kv, cache_lengths, lut, layer);
   if (Error e = set_workspace(target, a, ws_o, ws_lse, B * S); e.failure()) return e;
   const int bm = tile_height(tile_m, S, a.group, D, a);
-  const int grid_x = static_cast<int>(B * ceil_div(S * a.group, bm));
+  const int grid_x = static_cast<int>(query_tiles(a, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
 
@@ -436,7 +442,7 @@ Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   a.v = v.untyped_data();
   a.total_keys = static_cast<int>(dim(k, 1));
   const int bm = tile_height(0, S, a.group, D, a);
-  const int grid_x = static_cast<int>(B * ceil_div(S * a.group, bm));
+  const int grid_x = static_cast<int>(query_tiles(a, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
 }
 
