@@ -6,7 +6,8 @@ choice); wsx: the persistent kernel with every warp storing its own rows (MSA_OP
 wsl0 / ctal0: ws / cta rescaling O at every rise of a row's max (MSA_OPS_LAZY_RESCALE=0). ws and its variants keep
 the 128-row items (MSA_OPS_DENSE_WS_PAIR=0); wsp: the pair kernel's 64-row items (=1, where it serves the call); wsd:
 the handler's default choice among them and wg3; wg3: three consumer warpgroups on 192-row items (head dim 64,
-MSA_OPS_DENSE_WS3=1; every variant but wsd sets it to 0). BENCH.md's
+MSA_OPS_DENSE_WS3=1; every variant but wsd sets it to 0); a name ending in -n (ws-n, ...): that variant with
+MSA_OPS_WG_TAIL_SKIP=0 (head dim 256: every consumer warpgroup runs every key tile of an item). BENCH.md's
 prefill shapes: bf16, D=128 (--d: 64, 128, 256), H = 2048 / D (Hkv = H unless --hkv), B*S=16384, contiguous and paged
 (page 128) K/V, causal and not. Prints TFLOP/s and ratios; checks that both kernels agree with cuDNN.
 
@@ -37,7 +38,8 @@ def main():
     ap.add_argument("--page", type=int, default=128)
     ap.add_argument("--total", type=int, default=16384)
     ap.add_argument("--variants", default="ws,cta",
-                    help="comma list of ws, wsp, wsd, cta, ws0-ws3, wsx, wsl0, ctal0, wg3 (the first is compared)")
+                    help="comma list of ws, wsp, wsd, cta, ws0-ws3, wsx, wsl0, ctal0, wg3, and any of them with -n "
+                         "(the first is compared)")
     ap.add_argument("--masks", default="null,causal")
     ap.add_argument("--d", type=int, default=128, help="head dim (H = 2048 / D unless --h)")
     ap.add_argument("--h", type=int, default=0)
@@ -58,6 +60,11 @@ def main():
     envs = {k: v + ("0",) for k, v in envs.items()}
     envs["wg3"] = ("1", "", "", "", "0", "1")
     envs["wsd"] = ("1", "", "", "", "", "")
+    # A variant name ending in -n: that variant with its consumer warpgroups running every key tile of an item
+    # (MSA_OPS_WG_TAIL_SKIP=0; the others skip the tiles past their rows' keys, the default)
+    names += ("MSA_OPS_WG_TAIL_SKIP",)
+    envs = {k: v + ("",) for k, v in envs.items()}
+    envs.update({v: envs[v[:-2]][:-1] + ("0",) for v in variants if v.endswith("-n")})
     hkv = args.hkv or h
     print(f"H={h}, Hkv={hkv}, D={d}, B*S={args.total}, page {args.page}; TFLOP/s")
     v0 = variants[0]

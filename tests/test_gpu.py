@@ -800,6 +800,37 @@ def test_cuda_mha_192_row_items_long_sequences(group, mask, np_, monkeypatch):
     assert_close(got, oracle.mha_padded_paged(*pargs, **kw), budget_for(jnp.bfloat16))
 
 
+@pytest.mark.parametrize("skip", ["1", "0"])
+def test_cuda_mha_ws_warpgroup_tail_skip(skip, monkeypatch):
+    """Head dim 256 on the persistent kernel (64-key tiles): its consumer warpgroups run only the key tiles their own
+    rows see (MSA_OPS_WG_TAIL_SKIP=1, the default) or every tile of the item (=0). On the causal diagonal the first
+    warpgroup's rows stop a tile before the item's last (and more with caches that are not a multiple of the tile),
+    and a warpgroup whose rows lie past the sequence sees none. Every mask, a sink, split-K partials, unowned rows
+    (poisoned output), bf16 paged K/V with NaN past the keys, against the float64 oracle."""
+    kernel, d = "wgmma_ws", 256
+    use_128_row_kernel(monkeypatch, kernel)
+    monkeypatch.setenv("MSA_OPS_WG_TAIL_SKIP", skip)
+    rng = np.random.default_rng(256 + int(skip))
+    hkv, group, page = 2, 2, 64
+    h = hkv * group
+    n = [700, 64, 200, 130, 1, 0, 95]
+    cache_len = [37, 0, 64, 500, 3, 20, 128]
+    batch = RaggedBatch(n, cache_len, sum(n) + 5)
+    tokens = [c + m for c, m in zip(cache_len, n)]
+    cache = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
+                             head_dim=d, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, h, d), jnp.bfloat16)
+    sink = rand(rng, (h,), jnp.bfloat16)
+    args = (q, batch.offsets, nan_past_keys(cache, batch.cache, batch.n, page), batch.cache_lengths, cache.lut, 1)
+    for mask, window, np_ in (("causal", 0, 0), ("sliding_window_causal", 150, 0), ("chunked_causal", 100, 2),
+                              ("null", 0, 3), ("causal", 0, 2)):
+        kw = dict(mask_str=mask, local_window_size=window)
+        f = jax.jit(lambda *a, kw=kw, np_=np_: msa_ops.mha_ragged_paged(
+            *a, sink_weights=sink, num_partitions=np_, implementation="native", max_prompt_length=1024, **kw))
+        got = run_on_poisoned_output(f, args, (batch.T, h, d), 0, 5, served=kind_128(kernel, group, page=page, d=d))
+        assert_close(got, oracle.mha_ragged_paged(*args, sink_weights=sink, **kw), budget_for(jnp.bfloat16))
+
+
 def test_cuda_mha_head_dim_64_kernel_choice(monkeypatch):
     """Head dim 64 on the 128-row tile, MSA_OPS_DENSE_WS3 unset: the 192-row items serve calls whose sequences
     average at least 512 query rows (tokens x group) with no mask and 4096 with one; shorter calls keep the 128-row

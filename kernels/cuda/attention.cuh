@@ -88,6 +88,8 @@ struct AttentionArgs {
   int split_block_n;
   float* ws_o;    // [NP, rows, H, D]
   float* ws_lse;  // [NP, rows, H]
+  int wg_tail_skip;  // attention_ws_sm90_kernel, 64-key tiles: a warpgroup skips the MMAs of tiles past its rows' keys
+                     // (mha.cu: on unless MSA_OPS_WG_TAIL_SKIP=0, read at each launch)
 };
 
 // Host: how far (log2 units) a row's max may rise above the running max before the sm_90 wgmma kernels move it and

@@ -382,6 +382,26 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
       }
       const int full_lo = static_cast<int>(imax(tk.iv_last.lo, tk.k_lo));
       const int full_hi = static_cast<int>(imin(tk.iv_first.hi, tk.k_hi));
+      // The item's first nw tiles hold every key this warpgroup's rows see: a row's last visible key never falls as
+      // the row moves down (every mask of visible_keys), so the warpgroup's last row of the sequence bounds them.
+      // The tiles past it (on the causal diagonal, the keys of the rows below; all of them where the warpgroup's
+      // rows lie past the sequence) take their turns and release their slots without MMAs. Only with 64-key tiles
+      // (head dim 256), where every causal diagonal puts a whole tile past the first warpgroup's rows: there it
+      // measured 1-7% faster; the three warpgroups of head dim 64 ran 15% slower with it at S=512 causal and no
+      // faster at 1k-8k (benchmarks/NOTES_mha.md v52), and the 128-key tiles of two warpgroups skip nothing at a
+      // cache that is a multiple of 128.
+      constexpr bool kTailSkip = BN == 64;
+      int nw = n;
+      if (kTailSkip && a.wg_tail_skip) {
+        const int wg_row0 = st.row0 + cwg * 64;
+        int64_t hw = 0;
+        if (wg_row0 < rows_seq) {
+          const int64_t p_last = st.pos0 + (min(wg_row0 + 63, rows_seq - 1)) / group;
+          hw = imin(visible_keys(a.mask, a.window, p_last, st.kmax).hi, tk.k_hi);
+        }
+        nw = hw > tk.k_lo ? min(n, static_cast<int>((hw + BN - 1) / BN) - tile_first) : 0;
+        nw = warp_uniform(nw);
+      }
 #pragma unroll
       for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
       float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -412,7 +432,7 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
         wg_dense_softmax<NS>(s, present, (tile_first + j) * BN, full_lo, full_hi, row_lo, row_hi, m_run, l_run, corr,
                              sl2, a.rescale_slack_log2, lane);
       };
-      if (n > 0) {
+      if (nw > 0) {
         wait_k(g);
         if (ctid == 0) ws_stamp(1, qi, 2);
         turn();
@@ -426,7 +446,7 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
         softmax(0);
         wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
         if (ctid == 0) ws_stamp(1, qi, 4);
-        for (int j = 1; j < n; ++j) {
+        for (int j = 1; j < nw; ++j) {
           wait_k(g + j);
           wait_v(j - 1, g + j - 1);
           fence_regs<ND * 4>(o);
@@ -445,16 +465,34 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
           wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
         }
         if (ctid == 0) ws_stamp(1, qi, 5);
-        wait_v(n - 1, g + n - 1);
+        if (kTailSkip && nw < n) {  // step nw's K tile: past this warpgroup's keys
+          wait_k(g + nw);
+          mbar_arrive(bar(C::kBarKEmpty + (g + nw) % S));
+        }
+        wait_v(nw - 1, g + nw - 1);
         fence_regs<ND * 4>(o);
         turn();
         wgmma_fence();
-        wg_pv<T, BN, D>(o, pf, sV(g + n - 1));
+        wg_pv<T, BN, D>(o, pf, sV(g + nw - 1));
         pass();
         wgmma_wait<0>();
         fence_regs<ND * 4>(o);
-        mbar_arrive(bar(C::kBarVEmpty + (g + n - 1) % S));
+        mbar_arrive(bar(C::kBarVEmpty + (g + nw - 1) % S));
         if (ctid == 0) ws_stamp(1, qi, 6);
+      }
+      // Steps nw + 1 .. n (0 .. n when the warpgroup sees no key): the same waits (the V zeroing's barrier among
+      // them), turns and releases as the other warpgroups' steps, without MMAs.
+      for (int j = nw > 0 ? nw + 1 : 0; kTailSkip && n > 0 && j <= n; ++j) {
+        if (j < n) {
+          wait_k(g + j);
+          mbar_arrive(bar(C::kBarKEmpty + (g + j) % S));
+        }
+        if (j > 0) {
+          wait_v(j - 1, g + j - 1);
+          mbar_arrive(bar(C::kBarVEmpty + (g + j - 1) % S));
+        }
+        turn();
+        pass();
       }
       g += n;
       if (a.num_partitions <= 1) {

@@ -300,6 +300,7 @@ void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, i
   a.window = static_cast<int>(iclamp(window, -1, int64_t{1} << 30));
   a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   a.rescale_slack_log2 = rescale_slack_log2();
+  a.wg_tail_skip = env_switch("MSA_OPS_WG_TAIL_SKIP") != 0;
   a.num_partitions = static_cast<int>(iclamp(num_partitions, 1, kMaxPartitions));
   a.split_block_n = static_cast<int>(iclamp(block_n, 1, 1 << 20));
   a.sink = nullptr;
