@@ -757,6 +757,20 @@ def test_cuda_no_cache_192_row_items(mask, monkeypatch):
     test_cuda_no_cache_128_row_tiles("wgmma_ws3", mask, jnp.float16, 64, monkeypatch)
 
 
+def ragged_paged_call(rng, n, cache_len, tail, hkv, h, d, page):
+    """A ragged batch of n rows a sequence over caches of cache_len keys, with `tail` rows past offsets[B]: bf16
+    queries of h heads, bf16 paged K/V (pages of `page` keys, one spare page a sequence, NaN past the keys) and a bf16
+    sink per head. Returns the batch, mha_ragged_paged's operands (layer 1) and the sink."""
+    batch = RaggedBatch(n, cache_len, sum(n) + tail)
+    tokens = [c + m for c, m in zip(cache_len, n)]
+    cache = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
+                             head_dim=d, dtype=jnp.bfloat16)
+    q = rand(rng, (batch.T, h, d), jnp.bfloat16)
+    sink = rand(rng, (h,), jnp.bfloat16)
+    args = (q, batch.offsets, nan_past_keys(cache, batch.cache, batch.n, page), batch.cache_lengths, cache.lut, 1)
+    return batch, args, sink
+
+
 @pytest.mark.parametrize("group,mask,np_", [(1, "causal", 0), (16, "null", 0), (4, "chunked_causal", 3),
                                             (8, "sliding_window_causal", 0), (2, "causal", 2), (3, "causal", 0),
                                             (12, "null", 3), (6, "sliding_window_causal", 0)])
@@ -775,13 +789,7 @@ def test_cuda_mha_192_row_items_long_sequences(group, mask, np_, monkeypatch):
     cache_len = [0, 250, 40, 0, 700, 65]
     if group == 8:  # 21, 19 and 20 tiles of 192 rows: the sequences' tiles interleaved in bands (ws_order_build)
         n, cache_len = [500, 450, 480], [0, 100, 30]
-    batch = RaggedBatch(n, cache_len, sum(n) + 9)
-    tokens = [c + m for c, m in zip(cache_len, n)]
-    cache = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
-                             head_dim=d, dtype=jnp.bfloat16)
-    q = rand(rng, (batch.T, h, d), jnp.bfloat16)
-    sink = rand(rng, (h,), jnp.bfloat16)
-    args = (q, batch.offsets, nan_past_keys(cache, batch.cache, batch.n, page), batch.cache_lengths, cache.lut, 1)
+    batch, args, sink = ragged_paged_call(rng, n, cache_len, 9, hkv, h, d, page)
     kw = dict(mask_str=mask, local_window_size=150)
     f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, sink_weights=sink, num_partitions=np_,
                                                     implementation="native", max_prompt_length=1024, **kw))
@@ -815,13 +823,7 @@ def test_cuda_mha_ws_warpgroup_tail_skip(skip, monkeypatch):
     h = hkv * group
     n = [700, 64, 200, 130, 1, 0, 95]
     cache_len = [37, 0, 64, 500, 3, 20, 128]
-    batch = RaggedBatch(n, cache_len, sum(n) + 5)
-    tokens = [c + m for c, m in zip(cache_len, n)]
-    cache = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
-                             head_dim=d, dtype=jnp.bfloat16)
-    q = rand(rng, (batch.T, h, d), jnp.bfloat16)
-    sink = rand(rng, (h,), jnp.bfloat16)
-    args = (q, batch.offsets, nan_past_keys(cache, batch.cache, batch.n, page), batch.cache_lengths, cache.lut, 1)
+    batch, args, sink = ragged_paged_call(rng, n, cache_len, 5, hkv, h, d, page)
     for mask, window, np_ in (("causal", 0, 0), ("sliding_window_causal", 150, 0), ("chunked_causal", 100, 2),
                               ("null", 0, 3), ("causal", 0, 2)):
         kw = dict(mask_str=mask, local_window_size=window)
