@@ -432,6 +432,11 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
         wg_dense_softmax<NS>(s, present, (tile_first + j) * BN, full_lo, full_hi, row_lo, row_hi, m_run, l_run, corr,
                              sl2, a.rescale_slack_log2, lane);
       };
+      // K of tile j, which this warpgroup's rows do not see: waited for (its slot's phase) and released unread.
+      auto unused_k = [&](int j) {
+        wait_k(g + j);
+        mbar_arrive(bar(C::kBarKEmpty + (g + j) % S));
+      };
       if (nw > 0) {
         wait_k(g);
         if (ctid == 0) ws_stamp(1, qi, 2);
@@ -465,10 +470,7 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
           wg_rescale_and_pack<T, NS, ND>(o, s, pf, corr);
         }
         if (ctid == 0) ws_stamp(1, qi, 5);
-        if (kTailSkip && nw < n) {  // step nw's K tile: past this warpgroup's keys
-          wait_k(g + nw);
-          mbar_arrive(bar(C::kBarKEmpty + (g + nw) % S));
-        }
+        if (kTailSkip && nw < n) unused_k(nw);  // step nw's K tile: past this warpgroup's keys
         wait_v(nw - 1, g + nw - 1);
         fence_regs<ND * 4>(o);
         turn();
@@ -483,10 +485,7 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
       // Steps nw + 1 .. n (0 .. n when the warpgroup sees no key): the same waits (the V zeroing's barrier among
       // them), turns and releases as the other warpgroups' steps, without MMAs.
       for (int j = nw > 0 ? nw + 1 : 0; kTailSkip && n > 0 && j <= n; ++j) {
-        if (j < n) {
-          wait_k(g + j);
-          mbar_arrive(bar(C::kBarKEmpty + (g + j) % S));
-        }
+        if (j < n) unused_k(j);
         if (j > 0) {
           wait_v(j - 1, g + j - 1);
           mbar_arrive(bar(C::kBarVEmpty + (g + j - 1) % S));
