@@ -577,6 +577,46 @@ __device__ __forceinline__ int32_t box_page_entry(const AttentionArgs& a, bool p
   return e;
 }
 
+// One warp: the present-key mask of the BN keys from key0 (bit kl of word w: key key0 + 32 w + kl lies below kmax, in
+// a box whose page exists; page: lane i's pool page of box i, rb = 1 << rb_shift key rows a box), lane 0 writing the
+// BN / 32 words to mask slot ms (words [4 ms, 4 ms + BN / 32) of sMask). A box's presence comes from one ballot and a
+// key's box from a shift: this runs ahead of the loads of every tile. The CTA-per-tile and persistent kernels share it.
+template <int BN>
+__device__ __forceinline__ void write_present_mask(uint32_t* sMask, int ms, bool paged, int lane, int nbox,
+                                                   int rb_shift, int key0, int kmax, int page) {
+  const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && page >= 0) : 0xffffffffu;
+#pragma unroll
+  for (int w = 0; w < BN / 32; ++w) {
+    const int kl = w * 32 + lane;
+    const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
+    const unsigned bits = __ballot_sync(0xffffffff, ok);
+    if (lane == 0) sMask[ms * 4 + w] = bits;
+  }
+}
+
+#if defined(MSA_OPS_SM90_WGMMA)
+// One warp: column blocks h0 .. h0 + NB - 1 (64 columns each) of the K or V tile of kv head hkv from key0, block i
+// into dst + i BN 128 (a [BN][64] block each), against mbarrier bar; map: kvm.k or kvm.v, layer_slot: the layer's
+// index in the map's layer axis (V's layers follow K's). Paged, lane i < nbox loads its box i (rb key rows of pool
+// page `page`; past the pool, TMA writes zeros); contiguous, lane 0 the whole tile (rows past the tensor: zeros).
+template <int NB, int BN>
+__device__ __forceinline__ void tma_load_kv_blocks(const AttentionArgs& a, bool paged, uint32_t dst,
+                                                   const CUtensorMap* map, uint32_t bar, int h0, int hkv, int lane,
+                                                   int nbox, int rb, int key0, int page, int layer_slot,
+                                                   int64_t kv_base) {
+  if (paged) {
+    if (lane < nbox) {
+      const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
+      const int blk = page >= 0 ? page : a.num_blocks;
+      for (int h = h0; h < h0 + NB; ++h)
+        tma_load_5d(dst + (h - h0) * BN * 128 + lane * rb * 128, map, bar, h * 64, hkv, slot, layer_slot, blk);
+    }
+  } else if (lane == 0) {
+    for (int h = h0; h < h0 + NB; ++h) tma_load_3d(dst + (h - h0) * BN * 128, map, bar, h * 64, hkv, kv_base + key0);
+  }
+}
+#endif
+
 template <typename T, int D>
 __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionArgs a, const __grid_constant__ Sm90Kv kvm) {
 #if defined(MSA_OPS_SM90_WGMMA)
@@ -647,27 +687,13 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   // Warp 0: which of the keys of the tile from key0 exist (below kmax, in a box whose page exists), into mask slot
   // `ms`; page: lane i's pool page of box i.
   auto write_mask = [&](int key0, int page, int ms) {
-    const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && page >= 0) : 0xffffffffu;
-#pragma unroll
-    for (int w = 0; w < BN / 32; ++w) {
-      const int kl = w * 32 + lane;
-      const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
-      const unsigned bits = __ballot_sync(0xffffffff, ok);
-      if (lane == 0) sMask[ms * 4 + w] = bits;
-    }
+    write_present_mask<BN>(sMask, ms, paged, lane, nbox, rb_shift, key0, kmax, page);
   };
   // One warp: column block h (64 columns) of the K or V tile (map: kvm.k or kvm.v) from key0 into dst, against
   // mbarrier bar; paged, lane i its box i (page: lane i's pool page of it).
   auto load_block = [&](uint32_t dst, const CUtensorMap* map, bool is_v, int h, int key0, int page, uint32_t bar) {
-    if (paged) {
-      if (lane < nbox) {
-        const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
-        const int blk = page >= 0 ? page : a.num_blocks;  // past the pool: TMA writes zeros
-        tma_load_5d(dst + lane * rb * 128, map, bar, h * 64, hkv, slot, (is_v ? a.num_layers : 0) + layer, blk);
-      }
-    } else if (lane == 0) {
-      tma_load_3d(dst, map, bar, h * 64, hkv, st.kv_base + key0);  // rows past the tensor: zeros
-    }
+    tma_load_kv_blocks<1, BN>(a, paged, dst, map, bar, h, hkv, lane, nbox, rb, key0, page,
+                              (is_v ? a.num_layers : 0) + layer, st.kv_base);
   };
   // The warps of warpgroup 0 share the issue: warp w loads half w / 2 of K (w even) or V (w odd), lane i its box
   // i, so no warp issues more than one copy per box (warp 0 alone issued four). Warp 0 also writes the mask and

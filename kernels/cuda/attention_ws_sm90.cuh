@@ -220,33 +220,12 @@ __device__ __forceinline__ int ws_load_item(const AttentionArgs& a, const Sm90Kv
     mbar_wait_ws(set.bar((v ? C::kBarVEmpty : C::kBarKEmpty) + stage), ((gj / S) & 1) ^ 1);
     const int my_page = pool_page(a, entry);
     const int key0 = tile * BN;
-    if (!v) {
-      const unsigned boxes = paged ? __ballot_sync(0xffffffff, lane < nbox && my_page >= 0) : 0xffffffffu;
-#pragma unroll
-      for (int wd = 0; wd < BN / 32; ++wd) {
-        const int kl = wd * 32 + lane;
-        const bool ok = key0 + kl < kmax && ((boxes >> (kl >> rb_shift)) & 1u);
-        const unsigned bits = __ballot_sync(0xffffffff, ok);
-        if (lane == 0) set.mask[stage * 4 + wd] = bits;
-      }
-    }
+    if (!v) write_present_mask<BN>(set.mask, stage, paged, lane, nbox, rb_shift, key0, kmax, my_page);
     if (lane == 0) mbar_expect_tx(full, C::kTileBytes);  // release: lane 0's mask words
     const uint32_t dst = set.base + (v ? C::kOffV : C::kOffK) + stage * C::kTileBytes;
     const CUtensorMap* map = v ? &kvm.v : &kvm.k;
-    if (paged) {
-      if (lane < nbox) {
-        const int slot = key0 & (a.page_size - 1);  // the tile's first slot in its page (0 when pages are shorter)
-        const int blk = my_page >= 0 ? my_page : a.num_blocks;  // past the pool: TMA writes zeros
-#pragma unroll
-        for (int h = 0; h < D / 64; ++h)
-          tma_load_5d(dst + h * BN * 128 + lane * rb * 128, map, full, h * 64, hkv, slot,
-                      (v ? a.num_layers : 0) + layer, blk);
-      }
-    } else if (lane == 0) {
-#pragma unroll
-      for (int h = 0; h < D / 64; ++h)
-        tma_load_3d(dst + h * BN * 128, map, full, h * 64, hkv, st.kv_base + key0);  // past the tensor: zeros
-    }
+    tma_load_kv_blocks<D / 64, BN>(a, paged, dst, map, full, 0, hkv, lane, nbox, rb, key0, my_page,
+                                   (v ? a.num_layers : 0) + layer, st.kv_base);
   };
   const int n = tk.num_tiles;
   int32_t e_cur = n > 0 ? fetch(tk.tile_first) : -1, e_prev = -1;
