@@ -579,8 +579,8 @@ __device__ __forceinline__ int32_t box_page_entry(const AttentionArgs& a, bool p
 
 // One warp: the present-key mask of the BN keys from key0 (bit kl of word w: key key0 + 32 w + kl lies below kmax, in
 // a box whose page exists; page: lane i's pool page of box i, rb = 1 << rb_shift key rows a box), lane 0 writing the
-// BN / 32 words to mask slot ms (words [4 ms, 4 ms + BN / 32) of sMask). A box's presence comes from one ballot and a
-// key's box from a shift: this runs ahead of the loads of every tile. The CTA-per-tile and persistent kernels share it.
+// BN / 32 words to mask slot ms (words [4 ms, 4 ms + BN / 32) of sMask). The loaders of the CTA-per-tile and the
+// persistent kernels run it ahead of each tile's loads, so it stays short (attention_sm90_kernel says why).
 template <int BN>
 __device__ __forceinline__ void write_present_mask(uint32_t* sMask, int ms, bool paged, int lane, int nbox,
                                                    int rb_shift, int key0, int kmax, int page) {
@@ -684,13 +684,11 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   // division and a shuffle per mask word here, paged K/V ran at 0.78x of contiguous at S=8k on the H200; 0.99x
   // without (ncu: its warpgroup's MMAs waited on warp 0, and every load left later).
   const int rb_shift = __ffs(rb) - 1;
-  // Warp 0: which of the keys of the tile from key0 exist (below kmax, in a box whose page exists), into mask slot
-  // `ms`; page: lane i's pool page of box i.
+  // Warp 0: the present-key mask of the tile from key0 into mask slot `ms`; page: lane i's pool page of box i.
   auto write_mask = [&](int key0, int page, int ms) {
     write_present_mask<BN>(sMask, ms, paged, lane, nbox, rb_shift, key0, kmax, page);
   };
-  // One warp: column block h (64 columns) of the K or V tile (map: kvm.k or kvm.v) from key0 into dst, against
-  // mbarrier bar; paged, lane i its box i (page: lane i's pool page of it).
+  // One warp: column block h of the K or V tile (map: kvm.k or kvm.v) from key0 into dst, against mbarrier bar.
   auto load_block = [&](uint32_t dst, const CUtensorMap* map, bool is_v, int h, int key0, int page, uint32_t bar) {
     tma_load_kv_blocks<1, BN>(a, paged, dst, map, bar, h, hkv, lane, nbox, rb, key0, page,
                               (is_v ? a.num_layers : 0) + layer, st.kv_base);
