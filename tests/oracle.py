@@ -253,7 +253,7 @@ def mha_padded_no_cache(q, k, v, valid_length, *, mask_str="causal", local_windo
 # 6. mo.mha.decode.get_num_partitions
 # ----------------------------------------------------------------------------------------------------------
 def get_num_partitions(batch: int, max_cache_valid_length: int, *, n_kv_heads: int, sm_count: int) -> int:
-    by_sm = min(max(sm_count // (batch * n_kv_heads), 1), 32)
+    by_sm = min(max(sm_count // max(1, batch * n_kv_heads), 1), 32)  # SEMANTICS.md: a batch <= 0 divides by 1
     by_len = max(1, max_cache_valid_length // 512)
     return min(by_sm, by_len)
 

@@ -238,6 +238,18 @@ def test_get_num_partitions(impl, n_kv_heads, sm_count):
             assert int(got) == want, (batch, max_len, n_kv_heads, sm_count, int(got), want)
 
 
+@pytest.mark.parametrize("n_kv_heads,sm_count", [(1, 132), (8, 132), (128, 148), (3, 2 ** 33)])
+def test_get_num_partitions_extreme_batches(impl, n_kv_heads, sm_count):
+    """batch * n_kv_heads past int32 (the handlers divide in int64), and batches <= 0 (divided by 1)."""
+    fn = jax.jit(lambda b, m: msa_ops.mha_decode_get_num_partitions(b, m, n_kv_heads=n_kv_heads,
+                                                                     sm_count=sm_count, implementation=impl))
+    for batch in (-(2 ** 31), -3, 0, 5, 2 ** 24 + 1, 2 ** 28, 268435455, 2 ** 31 - 1):
+        for max_len in (-700, 0, 1023, 10 ** 6, 2 ** 31 - 1):
+            got = int(fn(np.int32(batch), np.int32(max_len)))
+            want = oracle.get_num_partitions(batch, max_len, n_kv_heads=n_kv_heads, sm_count=sm_count)
+            assert got == want, (batch, max_len, n_kv_heads, sm_count, got, want)
+
+
 # ==========================================================================================================
 # split-K: num_partitions in {0, 1, 2, 7} give the same results
 # ==========================================================================================================
@@ -587,6 +599,55 @@ def test_msa_and_indexer_bad_layer(impl):
         got = np_out(jit_call(msa_ops.msa_indexer_ragged_paged, q, batch.offsets, pc.kv_blocks,
                               batch.cache_lengths, pc.lut, np.int32(layer), topk=3, implementation=impl))
         assert (got == -1).all()
+
+
+def test_no_sequence_and_no_key(impl):
+    """Calls whose shapes leave nothing to attend (SEMANTICS.md §1, §4): ragged offsets of one entry (B = 0), so
+    that every one of T > 0 rows is a padding row, and no-cache K/V with no key row. Random operands, so a handler
+    that read rows it does not own, or keys that do not exist, would show."""
+    rng = np.random.default_rng(71)
+    T, H, Hkv, D, P, MP = 7, 4, 2, 64, 16, 3
+    o0, c0 = np.array([0], np.int32), np.zeros((0,), np.int32)
+    lut0 = np.zeros((0, MP), np.int32)
+    q = rand(rng, (T, H, D), np.float32)
+    kv = rand(rng, (5, 2, 2, P, Hkv, D), np.float32)
+    args = (q, o0, kv, c0, lut0, np.int32(1))
+    got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, implementation=impl))
+    assert_close(got, oracle.mha_ragged_paged(*args), 1e-6, what="ragged paged, B = 0")
+    assert not got.any()
+    k = rand(rng, (T, Hkv, D), np.float32)
+    ks = rand(rng, (5, 2, 1, P, Hkv, D), np.float32)
+    got = np_out(jit_call(msa_ops.kv_cache_store_ragged_paged, ks, k, k, o0, c0, lut0, np.int32(0),
+                          implementation=impl))
+    np.testing.assert_array_equal(got, ks)
+    # MSA and its indexer (page size 128, head dim 128)
+    qm = rand(rng, (T, 4, 128), BF16)
+    kvm = rand(rng, (3, 2, 1, 128, 1, 128), BF16)
+    idx = rng.integers(-1, MP, (1, T, 4)).astype(np.int32)
+    got = np_out(jit_call(msa_ops.msa_attention_ragged_paged, qm, o0, None, kvm, c0, lut0, np.int32(0), idx,
+                          implementation=impl))
+    assert got.shape == (T, 4, 128) and not got.astype(np.float32).any()
+    got = np_out(jit_call(msa_ops.msa_indexer_ragged_paged, qm, o0, kvm[:, :1], c0, lut0, np.int32(0), topk=2,
+                          implementation=impl))
+    assert got.shape == (4, T, 2) and (got == -1).all()
+    # no key: ragged (Tk = 0, two sequences of rows) and padded (Sk = 0)
+    k0 = np.zeros((0, Hkv, D), np.float32)
+    offs = np.array([0, 3, T], np.int32)
+    for mask, W in (("null", -1), ("causal", -1), ("sliding_window_noncausal", 4)):
+        got = np_out(jit_call(msa_ops.mha_ragged_no_cache, q, k0, k0, offs, np.zeros((3,), np.int32),
+                              mask_str=mask, local_window_size=W, implementation=impl))
+        ref = oracle.mha_ragged_no_cache(q, k0, k0, offs, np.zeros((3,), np.int32), mask_str=mask,
+                                         local_window_size=W)
+        assert_close(got, ref, 1e-6, what=f"ragged no cache, Tk = 0, {mask}")
+        assert not got.any()
+        qp = rand(rng, (2, 5, H, D), np.float32)
+        kp0 = np.zeros((2, 0, Hkv, D), np.float32)
+        vl = np.array([3, 5], np.int32)
+        got = np_out(jit_call(msa_ops.mha_padded_no_cache, qp, kp0, kp0, vl, mask_str=mask, local_window_size=W,
+                              implementation=impl))
+        ref = oracle.mha_padded_no_cache(qp, kp0, kp0, vl, mask_str=mask, local_window_size=W)
+        assert_close(got, ref, 1e-6, what=f"padded no cache, Sk = 0, {mask}")
+        assert not got.any()
 
 
 def test_explicit_scale_and_mask_aliases(impl):

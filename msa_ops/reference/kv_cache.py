@@ -11,7 +11,7 @@ from .common import as_i32, repair_offsets, row_owner
 def kv_cache_store_ragged_paged(kv_blocks, k, v, input_row_offsets, cache_lengths, kv_lookup_table, layer_idx):
     nb, _, nl, page, _, _ = kv_blocks.shape
     t = k.shape[0]
-    if t == 0:
+    if t == 0 or input_row_offsets.shape[0] == 1:  # no row, or no sequence to own one: nothing is written
         return (kv_blocks,)
     lookup = as_i32(kv_lookup_table)
     mp = lookup.shape[1]

@@ -58,7 +58,7 @@ def mha_ragged_paged(
     mask, window, scale, workspace_partitions,
 ):
     t, h, d = q.shape
-    if t == 0:
+    if t == 0 or input_row_offsets.shape[0] == 1:  # no rows, or no sequence: every row is a padding row
         return (jnp.zeros(q.shape, q.dtype),) + _workspace(workspace_partitions, t, h, d)
     lookup = as_i32(kv_lookup_table)
     s_max = lookup.shape[1] * kv_blocks.shape[3]
@@ -102,7 +102,7 @@ def mha_padded_paged(
 def mha_ragged_no_cache(q, k, v, input_row_offsets, kv_input_row_offsets, *, mask, window, scale):
     t, h, _d = q.shape
     tk, _hkv, _ = k.shape
-    if t == 0:
+    if t == 0 or tk == 0 or input_row_offsets.shape[0] == 1:  # no row, no key or no sequence: zeros
         return (jnp.zeros(q.shape, q.dtype),)
     eff_q = repair_offsets(input_row_offsets, t)
     eff_k = repair_offsets(kv_input_row_offsets, tk)
@@ -129,7 +129,7 @@ def mha_padded_no_cache(q, k, v, valid_length, *, mask, window, scale):
     bsz, s, h, d = q.shape
     sk = k.shape[1]
     rows = bsz * s
-    if rows == 0:
+    if rows == 0 or sk == 0:  # no row or no key: zeros
         return (jnp.zeros(q.shape, q.dtype),)
     vl = as_i32(valid_length)
     n_q = jnp.clip(vl, 0, s)
@@ -154,7 +154,11 @@ def mha_padded_no_cache(q, k, v, valid_length, *, mask, window, scale):
 def get_num_partitions(batch, max_cache_valid_length, *, n_kv_heads: int, sm_count: int):
     bt = as_i32(batch)
     ln = as_i32(max_cache_valid_length)
-    work = jnp.maximum(bt * jnp.int32(n_kv_heads), 1)
-    by_sm = jnp.clip(jnp.int32(sm_count) // work, 1, 32)
+    # clamp(sm_count // (batch * n_kv_heads), 1, 32) without forming the product, which int32 would wrap: for
+    # batch >= 1 the quotient is at least k exactly where batch <= (sm_count // n_kv_heads) // k, so counting those
+    # k in 1..32 gives the clamped quotient. A batch <= 0 divides by 1 (the max(1, ...) of SEMANTICS.md).
+    per_head = sm_count // n_kv_heads
+    bounds = jnp.array([min(per_head // k, 2**31 - 1) for k in range(1, 33)], jnp.int32)
+    by_sm = jnp.where(bt >= 1, jnp.maximum(1, jnp.sum(bt <= bounds, dtype=jnp.int32)), min(sm_count, 32))
     by_len = jnp.maximum(1, ln // 512)
     return (jnp.minimum(by_sm, by_len).astype(jnp.int32),)

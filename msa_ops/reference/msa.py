@@ -30,7 +30,7 @@ def msa_attention_ragged_paged(
         jnp.zeros((workspace_partitions, t, h, d), jnp.float32),
         jnp.zeros((workspace_partitions, t, h), jnp.float32),
     )
-    if t == 0 or topk == 0:
+    if t == 0 or topk == 0 or input_row_offsets.shape[0] == 1:  # no row, no slot or no sequence: zeros
         return (jnp.zeros((t, h, d), jnp.bfloat16),) + ws
     lookup = as_i32(kv_lookup_table)
     mp = lookup.shape[1]
@@ -72,7 +72,7 @@ def msa_indexer_ragged_paged(
 ):
     t, hi, di = q.shape
     nb, _, nl, page, _, _ = k_blocks.shape
-    if t == 0 or topk == 0:
+    if t == 0 or topk == 0 or input_row_offsets.shape[0] == 1:  # no row, no slot or no sequence: all -1
         return (jnp.full((hi, t, topk), -1, jnp.int32),)
     lookup = as_i32(k_lookup_table)
     mp = lookup.shape[1]
