@@ -102,6 +102,46 @@ def test_row_offsets_and_partitions_cuda():
                                                         implementation="native")
             want = oracle.get_num_partitions(b, n, n_kv_heads=8, sm_count=132)
             assert int(got) == want, (b, n)
+    for b in (-3, 0, 2 ** 28, 2 ** 31 - 1):  # batch x heads past int32; a batch <= 0 divides by 1
+        got = msa_ops.mha_decode_get_num_partitions(jnp.int32(b), jnp.int32(10 ** 6), n_kv_heads=128,
+                                                    sm_count=132, implementation="native")
+        assert int(got) == oracle.get_num_partitions(b, 10 ** 6, n_kv_heads=128, sm_count=132), b
+
+
+def test_cuda_no_sequence_and_no_key():
+    """The CUDA handlers on shapes that leave nothing to attend (SEMANTICS.md §1, §4): ragged offsets of one
+    entry (B = 0), every one of T > 0 rows a padding row, and no-cache K/V with no key row. The outputs are written
+    after a NaN-filled array of their size was freed, so rows that no kernel writes show up."""
+    rng = np.random.default_rng(72)
+    T, H, Hkv, D, MP = 7, 8, 2, 128, 3
+    o0, c0, lut0 = np.array([0], np.int32), np.zeros((0,), np.int32), np.zeros((0, MP), np.int32)
+    q = jnp.asarray(rand(rng, (T, H, D), np.float32), jnp.bfloat16)
+    kv = jnp.asarray(rand(rng, (5, 2, 2, 16, Hkv, D), np.float32), jnp.bfloat16)
+    f = jax.jit(lambda q: msa_ops.mha_ragged_paged(q, o0, kv, c0, lut0, np.int32(1), implementation="native"))
+    run_on_poisoned_output(f, (q,), (T, H, D), T, 0)
+    k = jnp.asarray(rand(rng, (T, Hkv, D), np.float32), jnp.bfloat16)
+    got = jax.jit(lambda c, k: msa_ops.kv_cache_store_ragged_paged(c, k, k, o0, c0, lut0, np.int32(0),
+                                                                    implementation="native"))(kv, k)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(kv, np.float32))
+    qm = jnp.asarray(rand(rng, (T, 4, 128), np.float32), jnp.bfloat16)
+    kvm = jnp.asarray(rand(rng, (3, 2, 1, 128, 1, 128), np.float32), jnp.bfloat16)
+    idx = rng.integers(-1, MP, (1, T, 4)).astype(np.int32)
+    f = jax.jit(lambda q: msa_ops.msa_attention_ragged_paged(q, o0, None, kvm, c0, lut0, np.int32(0), idx,
+                                                             implementation="native"))
+    run_on_poisoned_output(f, (qm,), (T, 4, 128), T, 0)
+    got = msa_ops.msa_indexer_ragged_paged(qm, o0, kvm[:, :1], c0, lut0, np.int32(0), topk=2,
+                                           implementation="native")
+    assert got.shape == (4, T, 2) and bool((got == -1).all())
+    k0 = jnp.zeros((0, Hkv, D), jnp.bfloat16)
+    offs = np.array([0, 3, T], np.int32)
+    f = jax.jit(lambda q: msa_ops.mha_ragged_no_cache(q, k0, k0, offs, np.zeros((3,), np.int32),
+                                                      implementation="native"))
+    run_on_poisoned_output(f, (q,), (T, H, D), T, 0)
+    qp = jnp.asarray(rand(rng, (2, 5, H, D), np.float32), jnp.bfloat16)
+    kp0 = jnp.zeros((2, 0, Hkv, D), jnp.bfloat16)
+    f = jax.jit(lambda q: msa_ops.mha_padded_no_cache(q, kp0, kp0, np.array([3, 5], np.int32),
+                                                      implementation="native"))
+    run_on_poisoned_output(lambda q: f(q).reshape(10, H, D), (qp,), (10, H, D), 10, 0)
 
 
 @pytest.mark.parametrize("scenario", ["decode", "mixed", "long"])
