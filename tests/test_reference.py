@@ -170,6 +170,36 @@ def test_mha_padded_paged(impl, seed, S, mask, W, group, page_size, dt):
         assert not got[b, n_q[b]:].astype(np.float32).any()
 
 
+@pytest.mark.parametrize("uint32", [False, True])
+def test_mha_padded_paged_bad_values(impl, uint32):
+    """The padded paged op in f16 with an explicit scale, the masks the sweep above leaves out, and bad values:
+    a negative and a too-large valid length, a negative cache length and one past S_max, a page id past the pool,
+    and layer_idx out of range (all zeros)."""
+    rng = np.random.default_rng(23)
+    dtype = np.dtype(np.float16)
+    B, S, Hkv, group, D, P, MP = 4, 6, 2, 2, 32, 16, 4
+    cache = np.array([-5, 10 ** 6, 20, 9], np.int32)
+    vl = np.array([-2, 4, 9, 3], np.int32)
+    pc = make_paged_cache(rng, [P * MP] * B, page_size=P, max_pages=MP, n_kv_heads=Hkv, head_dim=D, dtype=dtype)
+    lut = pc.lut.copy()
+    lut[3, 0] = pc.kv_blocks.shape[0]  # sequence 3's first page lies past the pool: its keys do not exist
+    q = rand(rng, (B, S, Hkv * group, D), dtype)
+    for mask, W in (("null", -1), ("sliding_window_causal", 5), ("causal", -1)):
+        args = [q, pc.kv_blocks, cache, lut, np.int32(1), vl]
+        if uint32:
+            args[2], args[3], args[4], args[5] = to_uint32(cache), to_uint32(lut), np.uint32(1), to_uint32(vl)
+        got = np_out(jit_call(msa_ops.mha_padded_paged, *args, mask_str=mask, local_window_size=W, scale=0.3,
+                              implementation=impl))
+        ref = oracle.mha_padded_paged(*args, mask_str=mask, local_window_size=W, scale=0.3)
+        assert_close(got, ref, budget_for(dtype), what=f"padded paged bad values {mask}")
+        assert not got[0].astype(np.float32).any(), "a negative valid length owns no row"
+        assert got[2].astype(np.float32).any(), "a valid length past S still owns S rows"
+    for layer in (2, -1):
+        got = np_out(jit_call(msa_ops.mha_padded_paged, q, pc.kv_blocks, cache, lut, np.int32(layer), vl,
+                              implementation=impl))
+        assert not got.astype(np.float32).any() and np.isfinite(got.astype(np.float32)).all()
+
+
 # ==========================================================================================================
 # mo.mha.ragged.no_cache / mo.mha.padded.no_cache
 # ==========================================================================================================
@@ -696,6 +726,18 @@ def test_hints_do_not_change_results(impl):
                   {"max_prompt_length": batch.T, "max_cache_length": 10 ** 5}):
         got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, implementation=impl, **hints))
         assert_close(got, ref, budget_for(BF16), what=f"hints {hints}")
+
+
+def test_msa_hints_do_not_change_results(impl):
+    """MSA's hints pick its route (decode, speculative, prefill) and split: on a mixed batch, hints that say decode
+    or speculative decode, and MAX's scalar-args hints, give the oracle's result."""
+    _, batch, pc, q, offs, cro, cl, lut, idx, dtype = msa_inputs(5, "mixed", "bf16", 2, 4, 6)
+    args = (q, offs, cro, pc.kv_blocks, cl, lut, np.int32(1), idx)
+    ref = oracle.msa_attention_ragged_paged(*args)
+    for hints in ({"max_prompt_length": max(batch.n)}, {"max_prompt_length": 1}, {"max_prompt_length": 4},
+                  {"msa_scalar_args": 1, "mha_decode_dispatch_metadata": 3}):
+        got = np_out(jit_call(msa_ops.msa_attention_ragged_paged, *args, implementation=impl, **hints))
+        assert_close(got, ref, budget_for(dtype), what=f"MSA hints {hints}")
 
 
 # ==========================================================================================================
