@@ -680,6 +680,51 @@ def test_no_sequence_and_no_key(impl):
         assert not got.any()
 
 
+def test_msa_indexer_store_bad_values(impl):
+    """MSA attention and the indexer with non-monotone offsets (one past T) and cache lengths past S_max and
+    below 0; the indexer's exact ties (two pages with the same keys: the lower block id wins); the fp8 store with
+    rows dropped; row offsets from non-monotone offsets, wrapping in int32. All against the oracle."""
+    _, batch, pc, q, offs, cro, cl, lut, idx, dtype = msa_inputs(2, "mixed", "bf16", 2, 4, 6)
+    T = batch.T
+    offs_bad = offs.copy()
+    offs_bad[1] = offs[2] + 2  # above the next entry: repaired as a running max
+    offs_bad[-1] = T + 9  # past T: clamped
+    cl_bad = cl.copy()
+    cl_bad[0], cl_bad[1] = 10 ** 6, -4
+    args = (q, offs_bad, None, pc.kv_blocks, cl_bad, lut, np.int32(1), idx)
+    got = np_out(jit_call(msa_ops.msa_attention_ragged_paged, *args, implementation=impl))
+    assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(dtype), what="MSA bad offsets")
+    _, ib, ipc, iq, _ = indexer_inputs(2, "long", "bf16", 64)
+    ilut = ipc.lut.copy()
+    ilut[0, 1] = ilut[0, 2]  # blocks 1 and 2 of sequence 0 read one page: their scores tie exactly
+    io = ib.offsets.copy()
+    io[0] = -3  # repaired to 0
+    icl = np.array([ib.cache_lengths[0], 10 ** 6], np.int32)
+    kw = {"topk": 3, "init_blocks": 1, "local_blocks": 0}
+    iargs = (iq, io, ipc.kv_blocks, icl, ilut, np.int32(1))
+    got = np_out(jit_call(msa_ops.msa_indexer_ragged_paged, *iargs, implementation=impl, **kw))
+    ref, scores, elig = oracle.msa_indexer_ragged_paged(*iargs, return_scores=True, **kw)
+    np.testing.assert_array_equal(got[:, : ib.n[0]], ref[:, : ib.n[0]])  # sequence 0 (the ties): exact
+    assert_indexer_matches(got, ref, scores, elig, **kw)
+    rng = np.random.default_rng(41)
+    P, MP, Hkv, D = 8, 3, 2, 16
+    ks = make_paged_cache(rng, [P * MP] * 3, page_size=P, max_pages=MP, n_kv_heads=Hkv, head_dim=D,
+                          dtype=DTYPES["fp8"])
+    slut = ks.lut.copy()
+    slut[1, 1] = -1
+    slut[2, 0] = ks.kv_blocks.shape[0] + 3
+    so = np.array([0, 5, 3, 14], np.int32)  # repaired [0, 5, 5, 14]
+    scl = np.array([2, 7, 21], np.int32)  # sequence 2 runs past the page table
+    kn = rand(rng, (15, Hkv, D), DTYPES["fp8"])
+    vn = rand(rng, (15, Hkv, D), DTYPES["fp8"])
+    sargs = (ks.kv_blocks, kn, vn, so, scl, slut, np.int32(1))
+    got = np_out(jit_call(msa_ops.kv_cache_store_ragged_paged, *sargs, implementation=impl))
+    np.testing.assert_array_equal(bits(got), bits(oracle.kv_cache_store_ragged_paged(*sargs)))
+    ro, rcl = np.array([2, 5, 1, 7, 7], np.int32), np.array([1, 2 ** 31 - 3, 1, -6], np.int32)
+    got = np_out(jit_call(msa_ops.kv_cache_row_offsets_ragged_paged, ro, rcl, implementation=impl))
+    np.testing.assert_array_equal(got, oracle.kv_cache_row_offsets_ragged_paged(ro, rcl))
+
+
 def test_explicit_scale_and_mask_aliases(impl):
     """A non-default `scale` and MAX's `_mask` spellings, on every attention op and the indexer."""
     _, batch, pc, q, layer = mha_inputs(6, "mixed", group=4, page_size=16, dtype=np.float32, head_dim=64)
