@@ -235,6 +235,32 @@ def test_mha_ragged_no_cache(impl, seed, mask, W, kv_offsets):
     assert_close(np_out(got), ref, budget_for(dtype), what="mha_ragged_no_cache")
 
 
+@pytest.mark.parametrize("mask,W", [("causal", -1), ("sliding_window_causal", 4), ("null", -1)])
+def test_no_cache_f16_uint32_scale_bad_values(impl, mask, W):
+    """Both no-cache ops in f16 with uint32 offsets and lengths and an explicit scale; bad values: non-monotone
+    query and key offsets past their row counts, a negative valid length and one past both S and Sk."""
+    rng = np.random.default_rng(52)
+    dtype = np.dtype(np.float16)
+    H, Hkv, D, T, Tk = 6, 3, 32, 30, 26
+    q, k, v = rand(rng, (T, H, D), dtype), rand(rng, (Tk, Hkv, D), dtype), rand(rng, (Tk, Hkv, D), dtype)
+    offs = np.array([2, 9, 7, 20, 41], np.int32)  # repaired [2, 9, 9, 20, 30]
+    koffs = np.array([0, 12, 5, 19, 30], np.int32)  # repaired [0, 12, 12, 19, 26]
+    args = (q, k, v, to_uint32(offs), to_uint32(koffs))
+    got = np_out(jit_call(msa_ops.mha_ragged_no_cache, *args, mask_str=mask, local_window_size=W, scale=0.21,
+                          implementation=impl))
+    ref = oracle.mha_ragged_no_cache(*args, mask_str=mask, local_window_size=W, scale=0.21)
+    assert_close(got, ref, budget_for(dtype), what=f"ragged no cache f16 {mask}")
+    assert not got[:2].astype(np.float32).any(), "rows before offsets[0] are padding rows"
+    B, S, Sk = 3, 7, 9
+    qp, kp, vp = rand(rng, (B, S, H, D), dtype), rand(rng, (B, Sk, Hkv, D), dtype), rand(rng, (B, Sk, Hkv, D), dtype)
+    vl = to_uint32(np.array([-1, 12, 5], np.int32))
+    got = np_out(jit_call(msa_ops.mha_padded_no_cache, qp, kp, vp, vl, mask_str=mask, local_window_size=W,
+                          scale=0.21, implementation=impl))
+    ref = oracle.mha_padded_no_cache(qp, kp, vp, vl, mask_str=mask, local_window_size=W, scale=0.21)
+    assert_close(got, ref, budget_for(dtype), what=f"padded no cache f16 {mask}")
+    assert not got[0].astype(np.float32).any(), "a negative valid length owns no row"
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("mask,W", NO_CACHE_MASKS)
 @pytest.mark.parametrize("S,Sk", [(16, 24), (20, 12)])
@@ -439,6 +465,7 @@ INDEXER_CONFIGS = [
     ("spec", 8, 0, 0, "f32", 64, False),  # topk >= every eligible block
     ("prefill", 2, 1, 1, "bf16", 64, False),
     ("mixed", 3, 1, 0, "bf16", 64, True),
+    ("long", 3, 1, 1, "f16", 64, True),
 ]
 
 
