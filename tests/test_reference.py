@@ -294,14 +294,17 @@ def test_get_num_partitions(impl, n_kv_heads, sm_count):
             assert int(got) == want, (batch, max_len, n_kv_heads, sm_count, int(got), want)
 
 
+@pytest.mark.parametrize("uint32", [False, True])
 @pytest.mark.parametrize("n_kv_heads,sm_count", [(1, 132), (8, 132), (128, 148), (3, 2 ** 33)])
-def test_get_num_partitions_extreme_batches(impl, n_kv_heads, sm_count):
-    """batch * n_kv_heads past int32 (the handlers divide in int64), and batches <= 0 (divided by 1)."""
+def test_get_num_partitions_extreme_batches(impl, n_kv_heads, sm_count, uint32):
+    """batch * n_kv_heads past int32 (the handlers divide in int64), and batches <= 0 (divided by 1); as uint32,
+    the negative ones are values above 2^31 - 1, which read negative (SEMANTICS.md §2)."""
     fn = jax.jit(lambda b, m: msa_ops.mha_decode_get_num_partitions(b, m, n_kv_heads=n_kv_heads,
                                                                      sm_count=sm_count, implementation=impl))
+    cast = to_uint32 if uint32 else np.int32
     for batch in (-(2 ** 31), -3, 0, 5, 2 ** 24 + 1, 2 ** 28, 268435455, 2 ** 31 - 1):
         for max_len in (-700, 0, 1023, 10 ** 6, 2 ** 31 - 1):
-            got = int(fn(np.int32(batch), np.int32(max_len)))
+            got = int(fn(cast(np.int32(batch)), cast(np.int32(max_len))))
             want = oracle.get_num_partitions(batch, max_len, n_kv_heads=n_kv_heads, sm_count=sm_count)
             assert got == want, (batch, max_len, n_kv_heads, sm_count, got, want)
 
