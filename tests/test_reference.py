@@ -641,6 +641,12 @@ def test_mha_bad_values(impl, uint32):
             ref = oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=W)
             assert_close(got, ref, budget_for(dtype), what=f"bad values offs={o.tolist()} {mask}")
             assert not got[:6].any(), "sequence with no valid page must output 0"
+    # with a sink: the rows that see no key still output 0 (the sink alone weighs no value)
+    sinks = rand(rng, (H,), np.float32)
+    args = [q, offs, pc.kv_blocks, cache, lut, np.int32(1)]
+    got = np_out(jit_call(mha_sink, *args, sinks, implementation=impl))
+    assert_close(got, oracle.mha_ragged_paged(*args, sink_weights=sinks), budget_for(dtype), what="bad values, sink")
+    assert not got[:6].any(), "rows with no visible key output 0, with a sink too"
     # layer out of range -> all zeros (also for MSA and the indexer below)
     for layer in (2, -1, 1 << 20):
         got = np_out(jit_call(msa_ops.mha_ragged_paged, q, offs, pc.kv_blocks, cache, pc.lut, np.int32(layer),
