@@ -30,12 +30,10 @@ def repair_offsets(offsets: jax.Array, total: int) -> jax.Array:
 
 
 def row_owner(eff: jax.Array, total: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """For each of ``total`` rows: (sequence b, index i within it, valid)."""
+    """For each of ``total`` rows: (sequence b, index i within it, valid). Needs one sequence at least: the callers
+    answer a call without one (every row a padding row) before they get here."""
     batch = eff.shape[0] - 1
     t = jnp.arange(total, dtype=jnp.int32)
-    if batch == 0:
-        z = jnp.zeros((total,), jnp.int32)
-        return z, z, jnp.zeros((total,), bool)
     b = jnp.searchsorted(eff[1:], t, side="right").astype(jnp.int32)
     valid = (t >= eff[0]) & (b < batch)
     bc = jnp.minimum(b, batch - 1)
