@@ -718,8 +718,9 @@ def test_no_sequence_and_no_key(impl):
 
 def test_msa_indexer_store_bad_values(impl):
     """MSA attention and the indexer with non-monotone offsets (one past T) and cache lengths past S_max and
-    below 0; the indexer's exact ties (two pages with the same keys: the lower block id wins); the fp8 store with
-    rows dropped; row offsets from non-monotone offsets, wrapping in int32. All against the oracle."""
+    below 0 (MSA also with page-table entries outside the pool); the indexer's exact ties (two blocks on one page:
+    the lower block id wins); the fp8 store with rows dropped; row offsets from non-monotone offsets, wrapping in
+    int32. All against the oracle."""
     _, batch, pc, q, offs, cro, cl, lut, idx, dtype = msa_inputs(2, "mixed", "bf16", 2, 4, 6)
     T = batch.T
     offs_bad = offs.copy()
@@ -727,7 +728,9 @@ def test_msa_indexer_store_bad_values(impl):
     offs_bad[-1] = T + 9  # past T: clamped
     cl_bad = cl.copy()
     cl_bad[0], cl_bad[1] = 10 ** 6, -4
-    args = (q, offs_bad, None, pc.kv_blocks, cl_bad, lut, np.int32(1), idx)
+    lut_bad = np.array(lut, np.int32)
+    lut_bad[-1, 0], lut_bad[-1, 1] = -1, pc.kv_blocks.shape[0] + 5  # selected blocks whose pages do not exist
+    args = (q, offs_bad, None, pc.kv_blocks, cl_bad, lut_bad, np.int32(1), idx)
     got = np_out(jit_call(msa_ops.msa_attention_ragged_paged, *args, implementation=impl))
     assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(dtype), what="MSA bad offsets")
     _, ib, ipc, iq, _ = indexer_inputs(2, "long", "bf16", 64)
