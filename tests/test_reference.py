@@ -699,6 +699,9 @@ def test_no_sequence_and_no_key(impl):
     # no key: ragged (Tk = 0, two sequences of rows) and padded (Sk = 0)
     k0 = np.zeros((0, Hkv, D), np.float32)
     offs = np.array([0, 3, T], np.int32)
+    qp = rand(rng, (2, 5, H, D), np.float32)
+    kp0 = np.zeros((2, 0, Hkv, D), np.float32)
+    vl = np.array([3, 5], np.int32)
     for mask, W in (("null", -1), ("causal", -1), ("sliding_window_noncausal", 4)):
         got = np_out(jit_call(msa_ops.mha_ragged_no_cache, q, k0, k0, offs, np.zeros((3,), np.int32),
                               mask_str=mask, local_window_size=W, implementation=impl))
@@ -706,9 +709,6 @@ def test_no_sequence_and_no_key(impl):
                                          local_window_size=W)
         assert_close(got, ref, 1e-6, what=f"ragged no cache, Tk = 0, {mask}")
         assert not got.any()
-        qp = rand(rng, (2, 5, H, D), np.float32)
-        kp0 = np.zeros((2, 0, Hkv, D), np.float32)
-        vl = np.array([3, 5], np.int32)
         got = np_out(jit_call(msa_ops.mha_padded_no_cache, qp, kp0, kp0, vl, mask_str=mask, local_window_size=W,
                               implementation=impl))
         ref = oracle.mha_padded_no_cache(qp, kp0, kp0, vl, mask_str=mask, local_window_size=W)
