@@ -475,6 +475,22 @@ __device__ __forceinline__ TileKeys tile_keys(const AttentionArgs& a, const SeqT
   return tk;
 }
 
+// The keys packed row pr of a tile sees within its partition's [k_lo, k_hi) (TileKeys): [lo, hi), empty for a
+// row past the sequence (pr >= rows_seq). The tile's unmasked range, the keys every row of it sees there, is
+// [max(iv_last.lo, k_lo), min(iv_first.hi, k_hi)) (full_keys).
+struct RowKeys {
+  int lo, hi;
+};
+__device__ __forceinline__ RowKeys row_keys(const AttentionArgs& a, const SeqTile& st, int group, int rows_seq,
+                                            int64_t k_lo, int64_t k_hi, int pr) {
+  if (pr >= rows_seq) return RowKeys{0, 0};
+  const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
+  return RowKeys{static_cast<int>(imax(iv.lo, k_lo)), static_cast<int>(imin(iv.hi, k_hi))};
+}
+__device__ __forceinline__ RowKeys full_keys(const TileKeys& tk) {
+  return RowKeys{static_cast<int>(imax(tk.iv_last.lo, tk.k_lo)), static_cast<int>(imin(tk.iv_first.hi, tk.k_hi))};
+}
+
 // Epilogue of one query row (token qrow, head h) a tile finished, from the thread's share of it: columns
 // j*8 + 2*(lane%4) + {0, 1} hold o[4j], o[4j+1] (the mma/wgmma accumulator layout, rows i*8 apart interleaved).
 // One partition: the output row, normalized by l (plus the sink). Split-K: the partition's normalized partial
@@ -932,7 +948,6 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   // Rows of this tile: packed r in [row0, row0 + BLOCK_M): token r / group, head hkv * group + r % group.
   const TileKeys tk = tile_keys<BLOCK_M, BN>(a, st, part);
   const int rows_seq = tk.rows_seq;
-  const KeyInterval iv_first = tk.iv_first, iv_last = tk.iv_last;
   const int64_t k_lo = tk.k_lo, k_hi = tk.k_hi;
   const int tile_first = tk.tile_first, num_tiles = tk.num_tiles;
 
@@ -1144,16 +1159,12 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     int row_lo[2], row_hi[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int pr = st.row0 + t2 + i;
-      row_lo[i] = row_hi[i] = 0;
-      if (pr < rows_seq) {
-        const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
-        row_lo[i] = static_cast<int>(imax(iv.lo, k_lo));
-        row_hi[i] = static_cast<int>(imin(iv.hi, k_hi));
-      }
+      const RowKeys rk = row_keys(a, st, group, rows_seq, k_lo, k_hi, st.row0 + t2 + i);
+      row_lo[i] = rk.lo;
+      row_hi[i] = rk.hi;
     }
-    const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
-    const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
+    const RowKeys full = full_keys(tk);
+    const int full_lo = full.lo, full_hi = full.hi;
     const float sl2 = a.scale_log2;
 
     for (int it = 0; it < num_tiles; ++it) {
@@ -1291,18 +1302,13 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
         m_run[mb][i] = -INFINITY;
         l_run[mb][i] = 0.f;
         const int pr = st.row0 + warp_row0_q + mb * 16 + lane / 4 + i * 8;
-        if (pr < rows_seq) {
-          const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
-          row_lo[mb][i] = static_cast<int>(imax(iv.lo, k_lo));
-          row_hi[mb][i] = static_cast<int>(imin(iv.hi, k_hi));
-        } else {
-          row_lo[mb][i] = 0;
-          row_hi[mb][i] = 0;
-        }
+        const RowKeys rk = row_keys(a, st, group, rows_seq, k_lo, k_hi, pr);
+        row_lo[mb][i] = rk.lo;
+        row_hi[mb][i] = rk.hi;
       }
     }
-    const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
-    const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
+    const RowKeys full = full_keys(tk);
+    const int full_lo = full.lo, full_hi = full.hi;
     const float sl2 = a.scale_log2;
 
     for (int it = 0; it < num_tiles; ++it) {

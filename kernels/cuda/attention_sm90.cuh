@@ -645,7 +645,6 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
 
   const TileKeys tk = tile_keys<BM, BN>(a, st, part);
   const int rows_seq = tk.rows_seq;
-  const KeyInterval iv_first = tk.iv_first, iv_last = tk.iv_last;
   const int64_t k_lo = tk.k_lo, k_hi = tk.k_hi;
   const int tile_first = tk.tile_first, num_tiles = tk.num_tiles;
 
@@ -762,18 +761,12 @@ __global__ void __launch_bounds__(256, 1) attention_sm90_kernel(const AttentionA
   for (int i = 0; i < 2; ++i) {
     m_run[i] = -INFINITY;
     l_run[i] = 0.f;
-    const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
-    if (pr < rows_seq) {
-      const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
-      row_lo[i] = static_cast<int>(imax(iv.lo, k_lo));
-      row_hi[i] = static_cast<int>(imin(iv.hi, k_hi));
-    } else {
-      row_lo[i] = 0;
-      row_hi[i] = 0;
-    }
+    const RowKeys rk = row_keys(a, st, group, rows_seq, k_lo, k_hi, st.row0 + warp_row0 + lane / 4 + i * 8);
+    row_lo[i] = rk.lo;
+    row_hi[i] = rk.hi;
   }
-  const int full_lo = static_cast<int>(imax(iv_last.lo, k_lo));
-  const int full_hi = static_cast<int>(imin(iv_first.hi, k_hi));
+  const RowKeys full = full_keys(tk);
+  const int full_lo = full.lo, full_hi = full.hi;
   const float sl2 = a.scale_log2;
   const uint32_t q_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows in each 64-column block
 

@@ -350,17 +350,12 @@ __global__ void __launch_bounds__(DenseWs<D, W>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
-        if (pr < rows_seq) {
-          const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
-          row_lo[i] = static_cast<int>(imax(iv.lo, tk.k_lo));
-          row_hi[i] = static_cast<int>(imin(iv.hi, tk.k_hi));
-        } else {
-          row_lo[i] = 0;
-          row_hi[i] = 0;
-        }
+        const RowKeys rk = row_keys(a, st, group, rows_seq, tk.k_lo, tk.k_hi, pr);
+        row_lo[i] = rk.lo;
+        row_hi[i] = rk.hi;
       }
-      const int full_lo = static_cast<int>(imax(tk.iv_last.lo, tk.k_lo));
-      const int full_hi = static_cast<int>(imin(tk.iv_first.hi, tk.k_hi));
+      const RowKeys full = full_keys(tk);
+      const int full_lo = full.lo, full_hi = full.hi;
       // The item's first nw tiles hold every key this warpgroup's rows see: a row's last visible key never falls as
       // the row moves down (every mask of visible_keys), so the warpgroup's last row of the sequence bounds them.
       // The tiles past it (on the causal diagonal, the keys of the rows below; all of them where the warpgroup's
@@ -636,17 +631,12 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int pr = st.row0 + warp_row0 + lane / 4 + i * 8;
-          if (pr < rows_seq) {
-            const KeyInterval iv = visible_keys(a.mask, a.window, st.pos0 + pr / group, st.kmax);
-            row_lo[i] = static_cast<int>(imax(iv.lo, tk.k_lo));
-            row_hi[i] = static_cast<int>(imin(iv.hi, tk.k_hi));
-          } else {
-            row_lo[i] = 0;
-            row_hi[i] = 0;
-          }
+          const RowKeys rk = row_keys(a, st, group, rows_seq, tk.k_lo, tk.k_hi, pr);
+          row_lo[i] = rk.lo;
+          row_hi[i] = rk.hi;
         }
-        const int full_lo = static_cast<int>(imax(tk.iv_last.lo, tk.k_lo));
-        const int full_hi = static_cast<int>(imin(tk.iv_first.hi, tk.k_hi));
+        const RowKeys full = full_keys(tk);
+        const int full_lo = full.lo, full_hi = full.hi;
 #pragma unroll
         for (int i = 0; i < ND * 4; ++i) o[i] = 0.f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
