@@ -574,7 +574,8 @@ def test_get_num_partitions():
         return min(min(max(sm // max(1, batch * n_kv), 1), 32), max(1, length // 512))
 
     for batch, length, n_kv, sm in [(1, 4096, 8, 132), (8, 4096, 8, 132), (1, 100, 8, 132), (2, 100000, 1, 148),
-                                    (0, 2048, 8, 132), (3, -5, 8, 132)]:
+                                    (0, 2048, 8, 132), (3, -5, 8, 132), (2 ** 31 - 1, 4096, 2 ** 40, 132),
+                                    (5, 10 ** 6, 2 ** 40, 2 ** 50), (7, 10 ** 6, 0, 132)]:
         got = int(fn(i32(batch), i32(length), n_kv_heads=i64(n_kv), sm_count=i64(sm)))
         assert got == expect(batch, length, n_kv, sm), (batch, length, n_kv, sm)
 

@@ -295,9 +295,9 @@ def test_get_num_partitions(impl, n_kv_heads, sm_count):
 
 
 @pytest.mark.parametrize("uint32", [False, True])
-@pytest.mark.parametrize("n_kv_heads,sm_count", [(1, 132), (8, 132), (128, 148), (3, 2 ** 33)])
+@pytest.mark.parametrize("n_kv_heads,sm_count", [(1, 132), (8, 132), (128, 148), (3, 2 ** 33), (2 ** 40, 2 ** 50)])
 def test_get_num_partitions_extreme_batches(impl, n_kv_heads, sm_count, uint32):
-    """batch * n_kv_heads past int32 (the handlers divide in int64), and batches <= 0 (divided by 1); as uint32,
+    """batch * n_kv_heads past int32, and past int64 (formed by no handler), and batches <= 0 (divided by 1); as uint32,
     the negative ones are values above 2^31 - 1, which read negative (SEMANTICS.md §2)."""
     fn = jax.jit(lambda b, m: msa_ops.mha_decode_get_num_partitions(b, m, n_kv_heads=n_kv_heads,
                                                                      sm_count=sm_count, implementation=impl))

@@ -93,8 +93,11 @@ Error GetNumPartitions(AnyBuffer batch, AnyBuffer max_len, int64_t n_kv_heads, i
   if (auto e = check_index(target, "batch", batch, 1); e.failure()) return e;
   if (auto e = check_index(target, "max_cache_valid_length", max_len, 1); e.failure()) return e;
   if (!is_index_type(*out) || out->element_count() != 1) return invalid(target, "out: expected int32[]");
-  const int64_t denom = std::max<int64_t>(1, static_cast<int64_t>(read_i32_scalar(batch)) * std::max<int64_t>(n_kv_heads, 0));
-  const int64_t by_sm = iclamp(floor_div(sm_count, denom), 1, 32);
+  // sm_count // max(1, batch * n_kv_heads) without forming the product (n_kv_heads is any int64): for positive
+  // divisors floor(floor(s / n) / b) = floor(s / (n b)).
+  const int64_t b = read_i32_scalar(batch);
+  const int64_t quot = b >= 1 && n_kv_heads >= 1 ? floor_div(floor_div(sm_count, n_kv_heads), b) : sm_count;
+  const int64_t by_sm = iclamp(quot, 1, 32);
   const int64_t by_len = std::max<int64_t>(1, floor_div(read_i32_scalar(max_len), 512));
   *static_cast<int32_t*>(out->untyped_data()) = static_cast<int32_t>(std::min(by_sm, by_len));
   return Error::Success();

@@ -88,8 +88,10 @@ __global__ void row_offsets_kernel(const int32_t* __restrict__ offsets, const in
 __global__ void num_partitions_kernel(const int32_t* batch, const int32_t* max_len, int64_t n_kv_heads,
                                       int64_t sm_count, int32_t* out) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  const int64_t denom = imax(1, static_cast<int64_t>(*batch) * imax(n_kv_heads, 0));
-  const int64_t by_sm = iclamp(floor_div(sm_count, denom), 1, 32);
+  // sm_count // max(1, batch * n_kv_heads) without forming the product (as the CPU handler).
+  const int64_t b = *batch;
+  const int64_t quot = b >= 1 && n_kv_heads >= 1 ? floor_div(floor_div(sm_count, n_kv_heads), b) : sm_count;
+  const int64_t by_sm = iclamp(quot, 1, 32);
   const int64_t by_len = imax(1, floor_div(*max_len, 512));
   *out = static_cast<int32_t>(imin(by_sm, by_len));
 }
