@@ -177,9 +177,9 @@ def test_mha_padded_paged_bad_values(impl, uint32):
     and layer_idx out of range (all zeros)."""
     rng = np.random.default_rng(23)
     dtype = np.dtype(np.float16)
-    B, S, Hkv, group, D, P, MP = 4, 6, 2, 2, 32, 16, 4
-    cache = np.array([-5, 10 ** 6, 20, 9], np.int32)
-    vl = np.array([-2, 4, 9, 3], np.int32)
+    B, S, Hkv, group, D, P, MP = 5, 6, 2, 2, 32, 16, 4
+    cache = np.array([-5, 10 ** 6, 20, 9, 7], np.int32)
+    vl = np.array([4, 5, 9, 3, -2], np.int32)
     pc = make_paged_cache(rng, [P * MP] * B, page_size=P, max_pages=MP, n_kv_heads=Hkv, head_dim=D, dtype=dtype)
     lut = pc.lut.copy()
     lut[3, 0] = pc.kv_blocks.shape[0]  # sequence 3's first page lies past the pool: its keys do not exist
@@ -192,7 +192,7 @@ def test_mha_padded_paged_bad_values(impl, uint32):
                               implementation=impl))
         ref = oracle.mha_padded_paged(*args, mask_str=mask, local_window_size=W, scale=0.3)
         assert_close(got, ref, budget_for(dtype), what=f"padded paged bad values {mask}")
-        assert not got[0].astype(np.float32).any(), "a negative valid length owns no row"
+        assert not got[4].astype(np.float32).any(), "a negative valid length owns no row"
         assert got[2].astype(np.float32).any(), "a valid length past S still owns S rows"
     for layer in (2, -1):
         got = np_out(jit_call(msa_ops.mha_padded_paged, q, pc.kv_blocks, cache, lut, np.int32(layer), vl,
@@ -668,7 +668,7 @@ def test_msa_and_indexer_bad_layer(impl):
 
 
 def test_no_sequence_and_no_key(impl):
-    """Calls whose shapes leave nothing to attend (SEMANTICS.md §1, §4): ragged offsets of one entry (B = 0), so
+    """Calls whose shapes leave nothing to attend (SEMANTICS.md §12): ragged offsets of one entry (B = 0), so
     that every one of T > 0 rows is a padding row, and no-cache K/V with no key row. Random operands, so a handler
     that read rows it does not own, or keys that do not exist, would show."""
     rng = np.random.default_rng(71)
@@ -750,12 +750,12 @@ def test_msa_indexer_store_bad_values(impl):
     ks = make_paged_cache(rng, [P * MP] * 3, page_size=P, max_pages=MP, n_kv_heads=Hkv, head_dim=D,
                           dtype=DTYPES["fp8"])
     slut = ks.lut.copy()
-    slut[1, 1] = -1
-    slut[2, 0] = ks.kv_blocks.shape[0] + 3
-    so = np.array([0, 5, 3, 14], np.int32)  # repaired [0, 5, 5, 14]
-    scl = np.array([2, 7, 21], np.int32)  # sequence 2 runs past the page table
-    kn = rand(rng, (15, Hkv, D), DTYPES["fp8"])
-    vn = rand(rng, (15, Hkv, D), DTYPES["fp8"])
+    slut[0, 1] = -1  # sequence 0's keys 8-10 are dropped, 6-7 written
+    slut[2, 1] = ks.kv_blocks.shape[0] + 3  # sequence 2's keys 14-15 are dropped (a page past the pool), 16-23 written
+    so = np.array([0, 5, 3, 16], np.int32)  # repaired [0, 5, 5, 16]: sequence 1 owns no row, row 16 no sequence
+    scl = np.array([6, 7, 14], np.int32)  # sequence 2's key 24 lies past its page table
+    kn = rand(rng, (17, Hkv, D), DTYPES["fp8"])
+    vn = rand(rng, (17, Hkv, D), DTYPES["fp8"])
     sargs = (ks.kv_blocks, kn, vn, so, scl, slut, np.int32(1))
     got = np_out(jit_call(msa_ops.kv_cache_store_ragged_paged, *sargs, implementation=impl))
     np.testing.assert_array_equal(bits(got), bits(oracle.kv_cache_store_ragged_paged(*sargs)))

@@ -121,7 +121,7 @@ def mha_ragged_no_cache(q, k, v, input_row_offsets, kv_input_row_offsets, *, mas
         vis = (kk >= 0) & (kk < nk) & visible(mask, window, p, kk) & ok
         return attend_row(q_row, kt, vt, vis[None, :], scale, None).astype(q.dtype)
 
-    out = map_rows(one, (q, pos, k_lo, n_k, valid), 4 * h * max(tk, 1) * 2, t)
+    out = map_rows(one, (q, pos, k_lo, n_k, valid), 4 * h * tk * 2, t)
     return (out,)
 
 
