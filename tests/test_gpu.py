@@ -109,7 +109,7 @@ def test_row_offsets_and_partitions_cuda():
 
 
 def test_cuda_no_sequence_and_no_key():
-    """The CUDA handlers on shapes that leave nothing to attend (SEMANTICS.md §1, §4): ragged offsets of one
+    """The CUDA handlers on shapes that leave nothing to attend (SEMANTICS.md §12): ragged offsets of one
     entry (B = 0), every one of T > 0 rows a padding row, and no-cache K/V with no key row. The outputs are written
     after a NaN-filled array of their size was freed, so rows that no kernel writes show up."""
     rng = np.random.default_rng(72)
@@ -1251,6 +1251,28 @@ def _msa_prefill_call(rng, pattern, group, topk, n, cache_len, max_pages, pad, h
     assert (plan.kernel, plan.tile_m) == ("msa_prefill", 128)
     f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, implementation="native"), static_argnums=2)
     return args, f
+
+
+def test_cuda_msa_hints_route():
+    """Hints steer MSA's route on CUDA and never its result (SPEC.md, Hints): one mixed batch (a decode token, a
+    3-token step, a 300-token prompt; -1, duplicate and out-of-range ids) through the prefill, speculative and decode
+    routes by its max_prompt_length hint, the last two of which understate the batch, each against the oracle."""
+    rng = np.random.default_rng(11)
+    args, _ = _msa_prefill_call(rng, "random", 4, 8, [1, 3, 300], [700, 129, 0], 12, 5)
+    want = oracle.msa_attention_ragged_paged(*args)
+    cro = np.concatenate([[0], np.cumsum(np.add([700, 129, 0], [1, 3, 300]))]).astype(np.int32)
+    routes = {}
+    for hint, route, kernel in ((None, "prefill", "msa_prefill_ws"), (4, "speculative", "msa_decode"),
+                                (1, "decode", "msa_decode")):
+        kw = {} if hint is None else {"max_prompt_length": hint}
+        assert msa_ops.plan("mo.msa.attention.ragged.paged", *args[:2], cro, *args[3:], **kw).route == route
+        f = jax.jit(lambda *a, kw=kw: msa_ops.msa_attention_ragged_paged(*a, implementation="native", **kw),
+                    static_argnums=2)
+        got, kinds = launched(f, *args)
+        assert_served(kinds, kernel)
+        assert_close(got, want, budget_for(jnp.bfloat16), what=f"max_prompt_length={hint}")
+        routes[route] = got
+    assert not np.array_equal(routes["prefill"], routes["decode"])  # two kernels ran (their orders of sums differ)
 
 
 @pytest.mark.parametrize("ws", ["1", "0"])  # the warp-specialized kernel (where the group divides 128), or not
