@@ -1258,9 +1258,10 @@ def test_cuda_msa_hints_route():
     3-token step, a 300-token prompt; -1, duplicate and out-of-range ids) through the prefill, speculative and decode
     routes by its max_prompt_length hint, the last two of which understate the batch, each against the oracle."""
     rng = np.random.default_rng(11)
-    args, _ = _msa_prefill_call(rng, "random", 4, 8, [1, 3, 300], [700, 129, 0], 12, 5)
+    n, cache_len = [1, 3, 300], [700, 129, 0]
+    args, _ = _msa_prefill_call(rng, "random", 4, 8, n, cache_len, 12, 5)
     want = oracle.msa_attention_ragged_paged(*args)
-    cro = np.concatenate([[0], np.cumsum(np.add([700, 129, 0], [1, 3, 300]))]).astype(np.int32)
+    cro = np.concatenate([[0], np.cumsum(np.add(cache_len, n))]).astype(np.int32)
     routes = {}
     for hint, route in ((None, "prefill"), (4, "speculative"), (1, "decode")):
         kw = {} if hint is None else {"max_prompt_length": hint}

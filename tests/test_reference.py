@@ -813,8 +813,9 @@ def test_hints_do_not_change_results(impl):
 
 
 def test_msa_hints_do_not_change_results(impl):
-    """MSA's hints pick its route (decode, speculative, prefill) and split: on a mixed batch, hints that say decode
-    or speculative decode, and MAX's scalar-args hints, give the oracle's result."""
+    """MSA's hints on a mixed batch (ones that say decode or speculative decode, and MAX's scalar-args hints) are
+    accepted and give the oracle's result. The CPU handlers take no route from them, so the routes the hints pick
+    are checked on CUDA (test_cuda_msa_hints_route)."""
     _, batch, pc, q, offs, cro, cl, lut, idx, dtype = msa_inputs(5, "mixed", "bf16", 2, 4, 6)
     args = (q, offs, cro, pc.kv_blocks, cl, lut, np.int32(1), idx)
     ref = oracle.msa_attention_ragged_paged(*args)
