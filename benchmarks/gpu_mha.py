@@ -1,4 +1,5 @@
-"""Dense MHA on the GPU: our CUDA kernels vs cuDNN (jax.nn.dot_product_attention) and XLA, same process.
+"""Dense MHA on the GPU: our CUDA kernels vs cuDNN (jax.nn.dot_product_attention), XLA and JAX's Pallas attention
+kernels (pallas_peers.py: Mosaic GPU and Triton prefill, Triton paged and contiguous decode), same process.
 
 Decode (BENCH.md): bf16, Hq=32, Hkv=8, D=128, paged (page 128 and 16) for ours, contiguous for the peers;
 GB/s = bytes of K and V read once / time. Prefill: bf16, D=128, H=16, B*S=16384, causal and not; TFLOP/s =
@@ -17,6 +18,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pallas_peers
 from harness import bench, bench_in_graph, bench_rounds, graph_timer, round_ratios, write_results
 
 import msa_ops
@@ -128,9 +130,19 @@ def run_decode(rows, results, rng):
                 except Exception as e:  # noqa: BLE001 - a peer may not run at a shape; report, go on
                     r[name + "_gbs"] = None
                     r[name + "_error"] = str(e)[:200]
+            # Pallas: the paged kernel over these pages (split counts: our ladder's and its default 16); the
+            # contiguous one once per (B, L), as XLA.
+            cands = pallas_peers.decode_candidates(qr, k, v, kv, lut, l, k_splits=(plan_np, 16))
+            if page != 128:
+                for key in ("pallas_gqa_gbs", "pallas_gqa_setting", "pallas_gqa_err_vs_cudnn"):
+                    r[key] = results.get(("decode", b, l, key))
+                del cands["pallas_gqa"]
+            time_pallas(r, cands, bench_in_graph, byts, 1e9, "_gbs", o_cud.reshape(b, 32, 128))
+            for key in ("pallas_gqa_gbs", "pallas_gqa_setting", "pallas_gqa_err_vs_cudnn"):
+                results.setdefault(("decode", b, l, key), r.get(key))
             rows.append(r)
             print(json.dumps(r), flush=True)
-            del q, k, v, kv, lut
+            del q, k, v, kv, lut, cands
 
 
 def run_decode_d256(rows, rng, points=((16, 16384), (1, 131072))):
@@ -164,6 +176,23 @@ def run_decode_d256(rows, rng, points=((16, 16384), (1, 131072))):
             del q, k, v, kv, lut
 
 
+def time_pallas(r, cands, seconds, work, scale, unit, ref):
+    """Each Pallas peer of `cands` (pallas_peers) at its fastest setting: r[peer + unit] = work / s / scale, the
+    setting, its error against `ref` (cuDNN's output), and the settings that failed. Returns {peer: (fn, args)}
+    of the fastest settings."""
+    chosen = {}
+    for peer, cs in cands.items():
+        (label, fn, args, s), errors = pallas_peers.fastest(cs, seconds)
+        r[peer + unit] = None if s is None else work / s / scale
+        r[peer + "_setting"] = label
+        if errors:
+            r[peer + "_errors"] = errors
+        if fn is not None:
+            r[peer + "_err_vs_cudnn"] = rel_err(jax.jit(fn)(*args).reshape(ref.shape), ref)
+            chosen[peer] = (fn, args)
+    return chosen
+
+
 def with_switch_off(name, fn):
     """fn() with the environment switch `name` set to 0 (the handler reads it at each launch)."""
     os.environ[name] = "0"
@@ -174,10 +203,11 @@ def with_switch_off(name, fn):
 
 
 def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, causals=(False, True),
-                alt=("MSA_OPS_CUDA_WGMMA", "ours_contig_mma_sync"), h=16, d=128, round_alt=None):
+                alt=("MSA_OPS_CUDA_WGMMA", "ours_contig_mma_sync"), h=16, d=128, round_alt=None, pallas=True):
     """Prefill at B*S = total: ours contiguous and paged, cuDNN; for kind "prefill" also the 64-row tile and XLA.
     alt: a switch set to 0 for a second timing of the contiguous call (the handler reads it per launch), or None.
-    round_alt: (switch, name) for a third contiguous timing with that switch at 0, in the rounds with cuDNN."""
+    round_alt: (switch, name) for a third contiguous timing with that switch at 0, in the rounds with cuDNN.
+    pallas: the Pallas peers too (pallas_peers): Mosaic GPU at its fastest setting in the rounds, Triton once."""
     full = kind == "prefill"
     for s in lens:
         b = total // s
@@ -216,10 +246,21 @@ def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, 
             if round_alt is not None:
                 timers[round_alt[1]] = lambda f=ours_c, x=(q, k, v): with_switch_off(round_alt[0],
                                                                                     lambda: bench(f, x))
+            cands = pallas_peers.prefill_candidates(q, k, v, causal) if pallas else {}
+            if cands:
+                # Mosaic GPU's fastest setting (one timing each) joins the rounds; the Triton kernel is timed once.
+                chosen = time_pallas(r, {"pallas_mgpu": cands.pop("pallas_mgpu")}, bench, flops, 1e12, "_tflops",
+                                     ref)
+                for peer, (fn, args) in chosen.items():
+                    timers[peer] = lambda f=fn, x=args: bench(f, x)
             got = bench_rounds(timers, ROUNDS)
             for name, ts in got.items():
                 r[name + "_tflops"] = flops / float(np.median(ts)) / 1e12
             r["ours_vs_cudnn"], r["ours_vs_cudnn_range"] = round_ratios(got["cudnn"], got["ours_contig"])
+            if "pallas_mgpu" in got:
+                r["ours_vs_pallas_mgpu"], r["ours_vs_pallas_mgpu_range"] = round_ratios(got["pallas_mgpu"],
+                                                                                         got["ours_contig"])
+            time_pallas(r, cands, bench, flops, 1e12, "_tflops", ref)  # the rest (Triton), once
             timed = [("ours_paged64", ours_p64, (q, kv, lut))] if full else []
             timed += [("xla", xla, (q, k, v))] if full else []
             for name, fn, args in timed:
@@ -276,13 +317,57 @@ def head_dim_prefill_table(rs):
     return md
 
 
+def pallas_tables(rows):
+    """Markdown lines for the Pallas peers of the decode and prefill rows; none without such rows."""
+    def peer(r, name, unit):
+        v = r.get(name + unit)
+        if v is None:
+            return "fails" if r.get(name + "_errors") else "—"
+        return f"{v:.0f} ({r[name + '_setting']}; err {r[name + '_err_vs_cudnn']:.0e})"
+
+    md, errs = [], []
+    dec = [r for r in rows if r["kind"] == "decode" and "pallas_paged_setting" in r]
+    if dec:
+        md += ["", "## JAX Pallas kernels (`jax.experimental.pallas.ops.gpu`), in the same run", "",
+               "Decode as above (GB/s of K+V; the setting and the relative error against cuDNN in brackets). The "
+               "paged kernel reads our shuffled pages, copied into its layout; the contiguous one reads cuDNN's K/V. "
+               "Each at the fastest of the settings tried (pallas_peers.py), timed once after the rounds:", "",
+               "| B | L | page | ours | Pallas paged | Pallas gqa, contiguous | ours/Pallas paged |",
+               "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in dec:
+            md.append(f"| {r['B']} | {r['L']} | {r['page']} | {fmt(r.get('ours_gbs'))} | "
+                      f"{peer(r, 'pallas_paged', '_gbs')} | {peer(r, 'pallas_gqa', '_gbs')} | "
+                      f"{ratio(r.get('ours_gbs'), r.get('pallas_paged_gbs'))} |")
+    pre = [r for r in rows if r["kind"] in ("prefill", "prefill_d64", "prefill_d256") and "pallas_mgpu_setting" in r]
+    if pre:
+        md += ["", "Prefill as above (TFLOP/s). Mosaic GPU (the Hopper kernel: TMA, wgmma, two consumer warpgroups) "
+               "at its fastest setting, timed in the rounds with ours and cuDNN; the Triton kernel once after:", "",
+               "| D | S | causal | ours contiguous | Pallas Mosaic GPU | Pallas Triton | ours/Mosaic GPU |",
+               "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in pre:
+            rg = r.get("ours_vs_pallas_mgpu_range")
+            rel_m = "—" if rg is None else f"{r['ours_vs_pallas_mgpu']:.3f}x ({rg[0]:.3f}-{rg[1]:.3f})"
+            md.append(f"| {r['D']} | {r['S']} | {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | "
+                      f"{peer(r, 'pallas_mgpu', '_tflops')} | {peer(r, 'pallas_triton', '_tflops')} | {rel_m} |")
+    for r in dec + pre:
+        for name in ("pallas_paged", "pallas_gqa", "pallas_mgpu", "pallas_triton"):
+            for label, e in r.get(name + "_errors", {}).items():
+                errs.append(f"- {r['kind']} {r.get('B')}/{r.get('L', r.get('S'))} {name} ({label}): {e}")
+    if errs:
+        md += ["", "Settings that failed to build or run:", ""] + sorted(set(errs))
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
-    ap.add_argument("--only", choices=["decode", "prefill", "d256", "d64"], default=None)
+    ap.add_argument("--only", default=None, help="comma-separated parts: decode, prefill, d256, d64 (default: all)")
     ap.add_argument("--identity-pages", action="store_true", help="page j of sequence b is pool page b * MP + j")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of each comparison with cuDNN")
     a = ap.parse_args()
+    parts = {"decode", "prefill", "d256", "d64"} if a.only is None else set(a.only.split(","))
+    if not parts <= {"decode", "prefill", "d256", "d64"}:
+        ap.error(f"--only {a.only}: parts are decode, prefill, d256, d64")
     global IDENTITY_PAGES, ROUNDS
     IDENTITY_PAGES = a.identity_pages
     ROUNDS = a.rounds
@@ -290,19 +375,19 @@ def main():
     rows, results = [], {}
     dev = jax.devices()[0]
     print(f"device {dev.device_kind}, jax {jax.__version__}", flush=True)
-    if a.only in (None, "decode"):
+    if "decode" in parts:
         run_decode(rows, results, rng)
-    if a.only in (None, "prefill"):
+    if "prefill" in parts:
         run_prefill(rows, rng)
         # Many short sequences; the second timing with the persistent kernel kept on 128-row items (at S=32 and 64
         # the handler takes the pair kernel's 64-row items by default).
         run_prefill(rows, rng, "prefill_many", (32, 64, 256), 65536, (True,),
-                    ("MSA_OPS_DENSE_WS_PAIR", "ours_contig_ws128"))
-    if a.only in (None, "d256"):
+                    ("MSA_OPS_DENSE_WS_PAIR", "ours_contig_ws128"), pallas=False)
+    if "d256" in parts:
         run_prefill(rows, rng, "prefill_d256", (8192,), 16384, (False, True), h=8, d=256,
                     round_alt=("MSA_OPS_DENSE_WS", "ours_contig_cta"))
         run_decode_d256(rows, rng)
-    if a.only in (None, "d64"):  # BENCH.md's prefill across head dims: S=8k, H=2048/D
+    if "d64" in parts:  # BENCH.md's prefill across head dims: S=8k, H=2048/D
         run_prefill(rows, rng, "prefill_d64", (8192,), 16384, (False, True), h=32, d=64,
                     round_alt=("MSA_OPS_DENSE_WS", "ours_contig_cta"))
     md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", "",
@@ -351,6 +436,7 @@ def main():
         for r in d256:
             md.append(f"| {r['B']} | {r['L']} | {r['page']} | {r['plan']} | {fmt(r.get('ours_gbs'))} | "
                       f"{fmt(r.get('cudnn_gbs'))} | {rel(r)} | {r['err_vs_cudnn']:.1e} |")
+    md += pallas_tables(rows)
     write_results(a.out, "gpu_mha", rows, "\n".join(md))
 
 

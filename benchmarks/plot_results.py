@@ -27,9 +27,11 @@ def main(paths: list[str]) -> None:
     for page, style in ((128, "-o"), (16, "--o")):
         pts = sorted((r["L"], r["ours_gbs"], r["B"]) for r in dec if r["page"] == page and r.get("ours_gbs"))
         ax1.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"msa_ops, page {page}")
-    for peer, style in (("cudnn", "-s"), ("xla", ":^")):
+    for peer, style, name in (("cudnn", "-s", "cudnn"), ("xla", ":^", "xla"),
+                              ("pallas_paged", "-.v", "pallas paged, page 128")):
         pts = sorted((r["L"], r[f"{peer}_gbs"]) for r in dec if r["page"] == 128 and r.get(f"{peer}_gbs"))
-        ax1.plot([p[0] for p in pts], [p[1] for p in pts], style, label=peer)
+        if pts:
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name)
     ax1.set_xscale("log", base=2)
     ax1.set_xlabel("cache length L (B*L = 256k; B=1 at 128k)")
     ax1.set_ylabel("GB/s of K+V")
@@ -39,7 +41,8 @@ def main(paths: list[str]) -> None:
     for causal in (False, True):
         tag = "causal" if causal else "full"
         for key, style, name in (("ours_contig_tflops", "-o", "msa_ops"), ("ours_paged_tflops", "--o", "msa_ops paged"),
-                                 ("cudnn_tflops", "-s", "cudnn"), ("xla_tflops", ":^", "xla")):
+                                 ("cudnn_tflops", "-s", "cudnn"), ("pallas_mgpu_tflops", "-.v", "pallas mosaic gpu"),
+                                 ("xla_tflops", ":^", "xla")):
             pts = sorted((r["S"], r[key]) for r in pre if r["causal"] == causal and r.get(key))
             if pts:
                 ax2.plot([p[0] for p in pts], [p[1] for p in pts], style, alpha=1.0 if not causal else 0.5,
