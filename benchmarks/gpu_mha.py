@@ -5,8 +5,8 @@ Decode (BENCH.md): bf16, Hq=32, Hkv=8, D=128, paged (page 128 and 16) for ours, 
 GB/s = bytes of K and V read once / time. Prefill: bf16, D=128, H=16, B*S=16384, causal and not; TFLOP/s =
 4*B*S^2*H*D (half for causal) / time. Prefill of many short sequences: the same at B*S=65536 with S=32, 64 and
 256 (B=2048, 1024 and 256), causal, where finding each tile's sequence among B is part of the cost. Head dims 256
-and 64: prefill at S=8k, H=2048/D (and decode at 256). Prints markdown tables, writes gpu_mha.json (+ .md) into
---out.
+and 64: prefill at S=8k, H=2048/D (and decode at 256). Prints markdown tables, writes gpu_mha.json (the run and its
+rows) and gpu_mha.md into --out; --merge puts the rows of runs of different parts into one pair of files.
 """
 
 from __future__ import annotations
@@ -248,18 +248,26 @@ def run_prefill(rows, rng, kind="prefill", lens=(512, 2048, 8192), total=16384, 
                                                                                     lambda: bench(f, x))
             cands = pallas_peers.prefill_candidates(q, k, v, causal) if pallas else {}
             if cands:
-                # Mosaic GPU's fastest setting (one timing each) joins the rounds; the Triton kernel is timed once.
-                chosen = time_pallas(r, {"pallas_mgpu": cands.pop("pallas_mgpu")}, bench, flops, 1e12, "_tflops",
-                                     ref)
-                for peer, (fn, args) in chosen.items():
-                    timers[peer] = lambda f=fn, x=args: bench(f, x)
+                # Mosaic GPU takes f16 only (in jax 0.11.2 its bf16 form fails to build: a bf16 to f16 store): it
+                # runs on f16 copies, and ours and cuDNN on the same copies join it in the rounds. Its fastest
+                # setting (one timing each) is the one in the rounds; the Triton kernel (bf16) is timed once after.
+                del cands["pallas_mgpu"]
+                x16 = tuple(x.astype(jnp.float16) for x in (q, k, v))
+                ref16 = cud(*x16).reshape(-1, h, d)
+                chosen = time_pallas(r, {"pallas_mgpu": pallas_peers.prefill_candidates(*x16, causal)["pallas_mgpu"]},
+                                     bench, flops, 1e12, "_tflops", ref16)
+                if chosen:
+                    timers["pallas_mgpu"] = lambda f=chosen["pallas_mgpu"][0], x=chosen["pallas_mgpu"][1]: bench(f, x)
+                    timers["ours_contig_f16"] = lambda f=ours_c, x=x16: bench(f, x)
+                    timers["cudnn_f16"] = lambda f=cud, x=x16: bench(f, x)
+                    r["err_contig_f16_vs_cudnn"] = rel_err(ours_c(*x16), ref16)
             got = bench_rounds(timers, ROUNDS)
             for name, ts in got.items():
                 r[name + "_tflops"] = flops / float(np.median(ts)) / 1e12
             r["ours_vs_cudnn"], r["ours_vs_cudnn_range"] = round_ratios(got["cudnn"], got["ours_contig"])
             if "pallas_mgpu" in got:
                 r["ours_vs_pallas_mgpu"], r["ours_vs_pallas_mgpu_range"] = round_ratios(got["pallas_mgpu"],
-                                                                                         got["ours_contig"])
+                                                                                         got["ours_contig_f16"])
             time_pallas(r, cands, bench, flops, 1e12, "_tflops", ref)  # the rest (Triton), once
             timed = [("ours_paged64", ours_p64, (q, kv, lut))] if full else []
             timed += [("xla", xla, (q, k, v))] if full else []
@@ -341,14 +349,18 @@ def pallas_tables(rows):
     pre = [r for r in rows if r["kind"] in ("prefill", "prefill_d64", "prefill_d256") and "pallas_mgpu_setting" in r]
     if pre:
         md += ["", "Prefill as above (TFLOP/s). Mosaic GPU (the Hopper kernel: TMA, wgmma, two consumer warpgroups) "
-               "at its fastest setting, timed in the rounds with ours and cuDNN; the Triton kernel once after:", "",
-               "| D | S | causal | ours contiguous | Pallas Mosaic GPU | Pallas Triton | ours/Mosaic GPU |",
-               "| --- | --- | --- | --- | --- | --- | --- |"]
+               "builds in f16 only: it runs on f16 copies of the inputs, at its fastest setting, in the rounds with "
+               "ours and cuDNN on the same f16 copies. The Triton kernel runs in bf16, timed once after the rounds:",
+               "",
+               "| D | S | causal | ours, bf16 | Pallas Triton, bf16 | ours, f16 | cuDNN, f16 | Pallas Mosaic GPU, f16 "
+               "| ours/Mosaic GPU, f16 |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in pre:
             rg = r.get("ours_vs_pallas_mgpu_range")
             rel_m = "—" if rg is None else f"{r['ours_vs_pallas_mgpu']:.3f}x ({rg[0]:.3f}-{rg[1]:.3f})"
             md.append(f"| {r['D']} | {r['S']} | {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | "
-                      f"{peer(r, 'pallas_mgpu', '_tflops')} | {peer(r, 'pallas_triton', '_tflops')} | {rel_m} |")
+                      f"{peer(r, 'pallas_triton', '_tflops')} | {fmt(r.get('ours_contig_f16_tflops'))} | "
+                      f"{fmt(r.get('cudnn_f16_tflops'))} | {peer(r, 'pallas_mgpu', '_tflops')} | {rel_m} |")
     for r in dec + pre:
         for name in ("pallas_paged", "pallas_gqa", "pallas_mgpu", "pallas_triton"):
             for label, e in r.get(name + "_errors", {}).items():
@@ -364,7 +376,18 @@ def main():
     ap.add_argument("--only", default=None, help="comma-separated parts: decode, prefill, d256, d64 (default: all)")
     ap.add_argument("--identity-pages", action="store_true", help="page j of sequence b is pool page b * MP + j")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of each comparison with cuDNN")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="no runs: the tables of these runs' rows together "
+                    "(gpu_mha.json files of runs with different --only parts)")
     a = ap.parse_args()
+    if a.merge:
+        rows, heads = [], []
+        for path in a.merge:
+            with open(path) as fh:
+                got = json.load(fh)
+            rows += got["rows"]
+            heads.append(f"{got['device']}, jax {got['jax']}, {got['rounds']} rounds ({', '.join(got['parts'])})")
+        write_results(a.out, "gpu_mha", {"runs": heads, "rows": rows}, render(rows, "; ".join(heads)))
+        return
     parts = {"decode", "prefill", "d256", "d64"} if a.only is None else set(a.only.split(","))
     if not parts <= {"decode", "prefill", "d256", "d64"}:
         ap.error(f"--only {a.only}: parts are decode, prefill, d256, d64")
@@ -390,10 +413,16 @@ def main():
     if "d64" in parts:  # BENCH.md's prefill across head dims: S=8k, H=2048/D
         run_prefill(rows, rng, "prefill_d64", (8192,), 16384, (False, True), h=32, d=64,
                     round_alt=("MSA_OPS_DENSE_WS", "ours_contig_cta"))
-    md = [f"# Dense MHA on {dev.device_kind} (jax {jax.__version__})", "",
-          f"Ours and cuDNN (prefill: ours contiguous and paged, cuDNN) timed once a round, {ROUNDS} rounds in rotating "
-          "order: figures are medians, ours/cuDNN the median of the rounds' ratios (their range in brackets). Decode "
-          "calls run 10 to a jitted function.", ""]
+    run = {"device": dev.device_kind, "jax": jax.__version__, "rounds": ROUNDS, "parts": sorted(parts), "rows": rows}
+    write_results(a.out, "gpu_mha", run, render(rows, f"{dev.device_kind}, jax {jax.__version__}, {ROUNDS} rounds"))
+
+
+def render(rows, run):
+    """The markdown tables of a run's rows; `run` names the run(s) (device, jax, rounds)."""
+    md = [f"# Dense MHA ({run})", "",
+          "Ours and cuDNN (prefill: ours contiguous and paged, cuDNN) timed once a round, in rotating order: figures "
+          "are medians, ours/cuDNN the median of the rounds' ratios (their range in brackets). Decode calls run 10 to "
+          "a jitted function.", ""]
     dec = [r for r in rows if r["kind"] == "decode"]
     if dec:
         md += ["## Decode, bf16, Hq=32, Hkv=8, D=128 (GB/s of K+V)", "",
@@ -437,7 +466,7 @@ def main():
             md.append(f"| {r['B']} | {r['L']} | {r['page']} | {r['plan']} | {fmt(r.get('ours_gbs'))} | "
                       f"{fmt(r.get('cudnn_gbs'))} | {rel(r)} | {r['err_vs_cudnn']:.1e} |")
     md += pallas_tables(rows)
-    write_results(a.out, "gpu_mha", rows, "\n".join(md))
+    return "\n".join(md)
 
 
 if __name__ == "__main__":

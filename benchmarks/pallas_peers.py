@@ -54,13 +54,14 @@ def prefill_candidates(q, k, v, causal, interpret=False):
     """{peer: [(label, fn, args)]} for one prefill call on q, k, v [B, S, H, D] (the layout cuDNN takes)."""
     d = q.shape[-1]
     cands = {"pallas_mgpu": [], "pallas_triton": []}
+    q_scaled = (q.astype(jnp.float32) / math.sqrt(d)).astype(q.dtype)  # attention_mgpu takes no softmax scale
     if not interpret:  # Mosaic GPU has no interpreter
         for bkv in (128, 64):
             def mgpu(q, k, v, bkv=bkv):
                 m = _op("attention_mgpu")
                 cfg = m.TuningConfig(block_q=64, block_kv=bkv, max_concurrent_steps=2, causal=causal)
                 return m.attention(q, k, v, cfg)
-            cands["pallas_mgpu"].append((f"block_q=64, block_kv={bkv}", jax.jit(mgpu), (q, k, v)))
+            cands["pallas_mgpu"].append((f"block_q=64, block_kv={bkv}", jax.jit(mgpu), (q_scaled, k, v)))
     cands["pallas_triton"].append(("defaults", jax.jit(lambda q, k, v: _op("attention").mha(
         q, k, v, None, sm_scale=1.0 / math.sqrt(d), causal=causal, interpret=interpret)), (q, k, v)))
     return cands

@@ -21,7 +21,8 @@ def main(paths: list[str]) -> None:
     rows = []
     for p in paths:
         with open(p) as fh:
-            rows += json.load(fh)
+            got = json.load(fh)
+        rows += got["rows"] if isinstance(got, dict) else got
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     dec = [r for r in rows if r["kind"] == "decode"]
     for page, style in ((128, "-o"), (16, "--o")):
@@ -41,8 +42,8 @@ def main(paths: list[str]) -> None:
     for causal in (False, True):
         tag = "causal" if causal else "full"
         for key, style, name in (("ours_contig_tflops", "-o", "msa_ops"), ("ours_paged_tflops", "--o", "msa_ops paged"),
-                                 ("cudnn_tflops", "-s", "cudnn"), ("pallas_mgpu_tflops", "-.v", "pallas mosaic gpu"),
-                                 ("xla_tflops", ":^", "xla")):
+                                 ("cudnn_tflops", "-s", "cudnn"),
+                                 ("pallas_mgpu_tflops", "-.v", "pallas mosaic gpu, f16"), ("xla_tflops", ":^", "xla")):
             pts = sorted((r["S"], r[key]) for r in pre if r["causal"] == causal and r.get(key))
             if pts:
                 ax2.plot([p[0] for p in pts], [p[1] for p in pts], style, alpha=1.0 if not causal else 0.5,
