@@ -295,10 +295,13 @@ def ratio(a, b):
     return "—" if a is None or b is None else f"{a / b:.2f}x"
 
 
-def rel(r):
-    """ours / cuDNN: the median of the rounds' ratios and their range."""
-    lo, hi = r["ours_vs_cudnn_range"]
-    return f"{r['ours_vs_cudnn']:.3f}x ({lo:.3f}-{hi:.3f})"
+def rel(r, key="ours_vs_cudnn"):
+    """A ratio of two series timed in the rounds (ours / cuDNN unless `key` names another): the median of the rounds'
+    ratios and their range; "—" where the row has none."""
+    if r.get(key + "_range") is None:
+        return "—"
+    lo, hi = r[key + "_range"]
+    return f"{r[key]:.3f}x ({lo:.3f}-{hi:.3f})"
 
 
 def head_dim_prefill_table(rs):
@@ -316,11 +319,9 @@ def head_dim_prefill_table(rs):
           "| cuDNN | ours/cuDNN | CTA per tile/cuDNN | paged/contig |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rs:
-        cta = r.get("ours_contig_cta_vs_cudnn_range")
-        cta_rel = "—" if cta is None else f"{r['ours_contig_cta_vs_cudnn']:.3f}x ({cta[0]:.3f}-{cta[1]:.3f})"
         md.append(f"| {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | {fmt(r.get('ours_paged_tflops'))} | "
                   f"{fmt(r.get('ours_contig_cta_tflops'))} | {fmt(r.get('ours_contig_mma_sync_tflops'))} | "
-                  f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} | {cta_rel} | "
+                  f"{fmt(r.get('cudnn_tflops'))} | {rel(r)} | {rel(r, 'ours_contig_cta_vs_cudnn')} | "
                   f"{ratio(r.get('ours_paged_tflops'), r.get('ours_contig_tflops'))} |")
     return md
 
@@ -356,11 +357,10 @@ def pallas_tables(rows):
                "| ours/Mosaic GPU, f16 |",
                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in pre:
-            rg = r.get("ours_vs_pallas_mgpu_range")
-            rel_m = "—" if rg is None else f"{r['ours_vs_pallas_mgpu']:.3f}x ({rg[0]:.3f}-{rg[1]:.3f})"
             md.append(f"| {r['D']} | {r['S']} | {r['causal']} | {fmt(r.get('ours_contig_tflops'))} | "
                       f"{peer(r, 'pallas_triton', '_tflops')} | {fmt(r.get('ours_contig_f16_tflops'))} | "
-                      f"{fmt(r.get('cudnn_f16_tflops'))} | {peer(r, 'pallas_mgpu', '_tflops')} | {rel_m} |")
+                      f"{fmt(r.get('cudnn_f16_tflops'))} | {peer(r, 'pallas_mgpu', '_tflops')} | "
+                      f"{rel(r, 'ours_vs_pallas_mgpu')} |")
     for r in dec + pre:
         for name in ("pallas_paged", "pallas_gqa", "pallas_mgpu", "pallas_triton"):
             for label, e in r.get(name + "_errors", {}).items():
