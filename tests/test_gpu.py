@@ -1008,6 +1008,45 @@ def test_cuda_mha_positions_near_2_31(kernel, monkeypatch):
             max_prompt_length=1024))(q, np.array([0, 256], np.int32), kv, cl, lut, 0))
 
 
+def chunk_past_2_30_case(rng, t):
+    """A chunked-causal call whose window, 2^30 + 1000, lies past 2^30, with its query rows just past one chunk
+    boundary: row i of the one sequence is at W + 50 + i and sees keys [W, W + 50 + i]. Every page from 2^30 - 256 to
+    the last key exists, so the 1000 keys in [2^30, W) would show if the window were cut to 2^30. Returns the call's
+    arguments and the float64 result over the keys that rows see, computed here."""
+    w, page, hkv, h, d = 2**30 + 1000, 128, 2, 8, 128
+    c = w + 50
+    mp = (c + t + page - 1) // page + 1
+    first = (2**30 - 2 * page) // page
+    n_pages = mp - first
+    kv = rand(rng, (n_pages, 2, 1, page, hkv, d), jnp.bfloat16)
+    lut = np.full((1, mp), -1, np.int32)
+    lut[0, first:] = np.arange(n_pages)
+    q = rand(rng, (t, h, d), jnp.bfloat16)
+    keys = np.arange(w, c + t)
+    kf = np.asarray(kv, np.float64)[lut[0, keys // page], 0, 0, keys % page]  # [n, Hkv, D]
+    vf = np.asarray(kv, np.float64)[lut[0, keys // page], 1, 0, keys % page]
+    qf = np.asarray(q, np.float64).reshape(t, hkv, h // hkv, d)
+    s = np.einsum("tgjd,ngd->tgjn", qf, kf) / np.sqrt(d)
+    s = np.where((keys[None, :] <= c + np.arange(t)[:, None])[:, None, None, :], s, -np.inf)
+    pr = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("tgjn,ngd->tgjd", pr / pr.sum(-1, keepdims=True), vf).reshape(t, h, d)
+    return (q, np.array([0, t], np.int32), kv, np.array([c], np.int32), lut, 0), w, want
+
+
+@pytest.mark.parametrize("kernel", KERNELS_128)
+def test_cuda_mha_chunk_past_2_30(kernel, monkeypatch):
+    """A window past 2^30 at query positions past 2^30 (chunk_past_2_30_case) on the decode, 64-row and 128-row
+    tiles: the handler once clamped the window to 2^30, which moved the chunk's start to 2^30 and let those rows see
+    1000 keys of the chunk before."""
+    use_128_row_kernel(monkeypatch, kernel)
+    rng = np.random.default_rng(31)
+    for t, hint in ((1, {}), (200, {}), (200, {"max_prompt_length": 1024})):
+        args, w, want = chunk_past_2_30_case(rng, t)
+        got = jax.jit(lambda *a, _w=w, _h=hint: msa_ops.mha_ragged_paged(
+            *a, mask_str="chunked_causal", local_window_size=_w, implementation="native", **_h))(*args)
+        assert_close(got, want, budget_for(jnp.bfloat16), what=f"t={t} {hint}")
+
+
 def test_cuda_mha_bad_values_do_not_fault():
     """Page ids past the pool, non-monotone offsets, huge cache lengths, layer out of range: masked, no fault."""
     rng = np.random.default_rng(3)

@@ -313,6 +313,21 @@ CASES: list[Case] = [
         attrs={"local_window_size": 4.0},
         context=SWC,
     ),
+    Case(
+        "rp-window-past-int64",  # the native handlers take it as an int64 attribute
+        RP,
+        "call",
+        (attr("local_window_size"), "int64", "9223372036854775808"),
+        attrs={"local_window_size": 2**63},
+        context=SWC,
+    ),
+    Case(
+        "rp-window-past-int64-causal",  # ignored by the mask, but still an int64 attribute
+        RP,
+        "wrapper",
+        (attr("local_window_size"), "int64"),
+        attrs={"local_window_size": -(2**63) - 1},
+    ),
     Case("rp-bad-mask", RP, "call", (attr("mask_str"), "diagonal"), attrs={"mask_str": "diagonal"}),
     Case("rp-mask-not-str", RP, "wrapper", (attr("mask_str"),), attrs={"mask_str": 1}),
     Case("rp-mask-missing", RP, "call", (attr("mask_str"), "required"), attrs={"mask_str": DROP}),

@@ -297,7 +297,10 @@ void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, i
   a.Hkv = static_cast<int>(Hkv);
   a.group = static_cast<int>(H / Hkv);
   a.mask = static_cast<int>(mask);
-  a.window = static_cast<int>(iclamp(window, -1, int64_t{1} << 30));
+  // Query positions and key indices are below 2^31 on every path (the paged handlers' page-table check, the array
+  // sizes otherwise), so a window of INT32_MAX shows every key a larger one does (every distance fits, and every
+  // position is in chunk 0): the clamp changes no row's keys. (A clamp at 2^30 did, past position 2^30.)
+  a.window = static_cast<int>(iclamp(window, -1, int64_t{INT32_MAX}));
   a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   a.rescale_slack_log2 = rescale_slack_log2();
   a.wg_tail_skip = env_switch("MSA_OPS_WG_TAIL_SKIP") != 0;

@@ -132,6 +132,8 @@ def norm_mask(op: str, attrs: dict[str, Any]) -> None:
     if not is_int(w):
         raise attribute_error(op, "local_window_size", "an int", w)
     w = int(w)
+    if not -(2**63) <= w < 2**63:  # an i64 attribute of the native handlers
+        raise attribute_error(op, "local_window_size", "an int that fits in int64", w)
     if name in ("sliding_window_causal", "sliding_window_noncausal", "chunked_causal") and w <= 0:
         raise attribute_error(op, "local_window_size", f"an int > 0 for mask_str={name!r}", w)
     attrs["local_window_size"] = w

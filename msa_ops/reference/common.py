@@ -41,16 +41,24 @@ def row_owner(eff: jax.Array, total: int) -> tuple[jax.Array, jax.Array, jax.Arr
     return bc, i, valid
 
 
+INT32_MAX = 2**31 - 1
+
+
 def visible(mask: str, window: int, p: jax.Array, k: jax.Array) -> jax.Array:
-    """Mask predicate of SPEC.md for query position ``p`` and key position ``k`` (broadcasting)."""
+    """Mask predicate of SPEC.md for query position ``p`` and key position ``k`` (broadcasting; int32, both >= 0).
+
+    Written so that no int32 sum can wrap for any window: ``k + W > p`` as ``k > p - W``, and a window past int32
+    (any positions' distance and chunk index fit in it) as no limit: every key the base mask shows is in it."""
     if mask == "null":
         return jnp.ones(jnp.broadcast_shapes(jnp.shape(p), jnp.shape(k)), bool)
-    if mask == "causal":
+    if mask == "causal" or (mask in ("sliding_window_causal", "chunked_causal") and window > INT32_MAX):
         return k <= p
     if mask == "sliding_window_causal":
         return (k <= p) & (p - k < window)
     if mask == "sliding_window_noncausal":
-        return k + window > p
+        if window > INT32_MAX:
+            return jnp.ones(jnp.broadcast_shapes(jnp.shape(p), jnp.shape(k)), bool)
+        return k > p - window
     if mask == "chunked_causal":
         return (k <= p) & (jnp.floor_divide(p, window) == jnp.floor_divide(k, window))
     raise ValueError(f"unknown mask {mask!r}")
