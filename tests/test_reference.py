@@ -316,6 +316,47 @@ def test_mha_other_ops_windows_past_int32(impl, W):
     assert_close(np_out(got), oracle.mha_padded_paged(*args, **kw), budget_for(f32), what="padded paged")
 
 
+def edge_batch(seed, page, max_pages, n_kv_heads, group, head_dim, dtype):
+    """A ragged batch at the page and cache edges: (rows, cache) per sequence of 1 key, a page less one, a page, a
+    page plus one, S_max keys exactly, a cache past S_max, a sequence of no rows; three padding rows at the end."""
+    rng = np.random.default_rng(seed)
+    s_max = page * max_pages
+    seqs = [(1, 0), (1, page - 1), (2, page - 2), (1, page), (3, page - 1), (page, page), (1, s_max - 1),
+            (page, s_max - page), (4, s_max + 7), (0, 5), (5, 0)]
+    n = np.array([a for a, _ in seqs])
+    cache = np.array([c for _, c in seqs], np.int32)
+    pc = make_paged_cache(rng, [min(s_max, a + c) for a, c in seqs], page_size=page, max_pages=max_pages,
+                          n_kv_heads=n_kv_heads, head_dim=head_dim, dtype=dtype)
+    q = rand(rng, (int(n.sum()) + 3, n_kv_heads * group, head_dim), dtype)
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    return rng, (q, offs, pc.kv_blocks, cache, pc.lut, np.int32(1))
+
+
+@pytest.mark.parametrize("mask,W", [("null", -1), ("causal", -1), ("sliding_window_causal", 1),
+                                    ("sliding_window_causal", 16), ("sliding_window_noncausal", 1),
+                                    ("sliding_window_noncausal", 64), ("chunked_causal", 1), ("chunked_causal", 48),
+                                    ("chunked_causal", 64)])
+@pytest.mark.parametrize("page", [1, 3, 16])
+def test_mha_page_and_window_edges(impl, page, mask, W):
+    """Keys at page boundaries and S_max, windows of one key and of a whole page table, pages of 1 and 3 tokens."""
+    _, args = edge_batch(1, page, 64 // page, 2, 3, 32, np.dtype(np.float32))
+    got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, mask_str=mask, local_window_size=W, implementation=impl))
+    ref = oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=W)
+    assert_close(got, ref, budget_for(np.float32), what=f"page {page}, {mask}, W={W}")
+
+
+@pytest.mark.parametrize("num_partitions", [0, 3, 64])
+@pytest.mark.parametrize("group,n_kv_heads", [(5, 3), (16, 2), (65, 1)])
+def test_mha_odd_groups_and_many_partitions(impl, group, n_kv_heads, num_partitions):
+    """Groups that divide no tile (5, 65) and split counts past every sequence's keys (64), with sinks."""
+    rng, args = edge_batch(3, 8, 4, n_kv_heads, group, 16, BF16)
+    sinks = rand(rng, (n_kv_heads * group,), BF16, 2.0)
+    got = np_out(jit_call(mha_sink, *args, sinks, mask_str="causal", num_partitions=num_partitions,
+                          implementation=impl))
+    ref = oracle.mha_ragged_paged(*args, mask_str="causal", sink_weights=sinks)
+    assert_close(got, ref, budget_for(BF16), what=f"group {group}, {num_partitions} partitions")
+
+
 # ==========================================================================================================
 # mo.mha.decode.get_num_partitions
 # ==========================================================================================================
@@ -450,6 +491,40 @@ def test_msa_attention(impl, seed, scenario, dt, n_kv_heads, group, topk, with_c
     assert got.dtype == BF16
     ref = oracle.msa_attention_ragged_paged(*args)
     assert_close(got, ref, budget_for(BF16, dtype), what=f"msa[{scenario},{dt}]")
+
+
+@pytest.mark.parametrize("num_partitions", [0, 2, 64])
+def test_msa_blocks_past_the_sequence_and_no_blocks(impl, num_partitions):
+    """Block ids below the page-table width whose pages exist (the table's tail names other sequences' pages) but
+    lie past the sequence's keys select nothing; with one valid block among them a row sees that block only; with
+    topk 0, no row sees a key. Rows before offsets[0] and after offsets[B] output 0."""
+    rng = np.random.default_rng(17)
+    mp, page, lead = 4, 128, 2
+    n, cache = [1, 3, 1, 6], [0, 126, 255, 300]
+    pc = make_paged_cache(rng, [a + c for a, c in zip(n, cache)], page_size=page, max_pages=mp, n_kv_heads=2,
+                          head_dim=128, dtype=BF16, junk_tail=False)
+    offs = (lead + np.concatenate([[0], np.cumsum(n)])).astype(np.int32)
+    t = int(offs[-1]) + 2
+    q = rand(rng, (t, 8, 128), BF16)
+    cl = np.array(cache, np.int32)
+    idx = np.full((2, t, 5), -1, np.int32)
+    for b in range(len(n)):
+        last = (cache[b] + n[b] - 1) // page  # the sequence's last block
+        for r in range(offs[b], offs[b + 1]):
+            past = list(range(last + 1, mp))
+            idx[:, r, :len(past)] = past
+            if r % 2:  # one valid block among them
+                idx[:, r, 4] = int(rng.integers(0, last + 1))
+    args = (q, offs, pc.kv_blocks, cl, pc.lut, np.int32(1), idx)
+    got = np_out(jit_call(msa_no_cro, *args, num_partitions=num_partitions, implementation=impl))
+    ref = oracle.msa_attention_ragged_paged(q, offs, None, *args[2:])
+    assert_close(got, ref, budget_for(BF16), what="blocks past the sequence")
+    rows_with_block = [r for r in range(offs[0], offs[-1]) if r % 2]
+    assert not np.delete(got, rows_with_block, axis=0).astype(np.float32).any()
+    assert got[rows_with_block].astype(np.float32).any()
+    none = np_out(jit_call(msa_no_cro, *args[:-1], idx[:, :, :0], num_partitions=num_partitions,
+                           implementation=impl))
+    assert none.shape == q.shape and not none.astype(np.float32).any()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
