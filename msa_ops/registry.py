@@ -15,9 +15,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+from jax.sharding import PartitionSpec
 
 from .errors import NativeUnavailableError, OpAttributeError, OpShapeError
-from .sharding import run_head_parallel
+from .sharding import explicit_spec, run_head_parallel
 
 IMPLEMENTATIONS = ("auto", "reference", "native")
 IMPLEMENTATION_ENV = "MSA_OPS_IMPLEMENTATION"
@@ -154,9 +155,11 @@ def _lowering(ctx, *args, attrs: Attrs, implementation: str, op: OpDef, platform
 
 
 def _batch_rule(args, dims, *, attrs: Attrs, implementation: str, op: OpDef):
-    """vmap: run the op once per batch element (lax.map), unbatched operands shared."""
+    """vmap: run the op once per batch element (lax.map), unbatched operands shared. A mapped axis sharded over an
+    explicit mesh axis is gathered first (lax.map scans it, and a scanned axis must be replicated); the operands'
+    other axes keep their shardings."""
     mapped = [i for i, d in enumerate(dims) if d is not None]  # None = not mapped
-    moved = tuple(jnp.moveaxis(args[i], dims[i], 0) for i in mapped)
+    moved = tuple(_replicate_axis0(jnp.moveaxis(args[i], dims[i], 0)) for i in mapped)
 
     def body(xs):
         full = list(args)
@@ -166,6 +169,13 @@ def _batch_rule(args, dims, *, attrs: Attrs, implementation: str, op: OpDef):
 
     outs = lax.map(body, moved)
     return list(outs), [0] * len(outs)
+
+
+def _replicate_axis0(x):
+    spec = explicit_spec(x)
+    if spec is None or spec[0] is None:
+        return x
+    return jax.reshard(x, PartitionSpec(None, *spec[1:]))
 
 
 def _eager_impl(prim: Primitive) -> Callable[..., Any]:

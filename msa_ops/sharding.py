@@ -30,7 +30,8 @@ HEAD_AXES: dict[str, tuple[dict[str, int], int, int]] = {
 }
 
 
-def _spec(x: Any) -> tuple | None:
+def explicit_spec(x: Any) -> tuple | None:
+    """The explicit sharding spec of ``x``, one entry per axis, or None where it has none."""
     typeof = getattr(jax, "typeof", None)
     if typeof is None:  # pragma: no cover - older JAX
         return None
@@ -50,7 +51,7 @@ def run_head_parallel(fn, name: str, operand_names: tuple[str, ...], arrays: lis
     A head-axis operand that arrives replicated (say, sink weights) is first resharded to its heads: a local
     slice on every device, no communication.
     """
-    specs = [_spec(x) for x in arrays]
+    specs = [explicit_spec(x) for x in arrays]
     if all(spec is None or all(e is None for e in spec) for spec in specs):
         return None  # nothing explicitly sharded: the ordinary path
     parallel = head_parallel(name, operand_names, arrays, specs)

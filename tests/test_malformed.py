@@ -555,6 +555,9 @@ CASES: list[Case] = [
     Case("gn-n-kv-heads-none", GN, "wrapper", (attr("n_kv_heads"),), attrs={"n_kv_heads": None}),
     Case("gn-n-kv-heads-float", GN, "call", (attr("n_kv_heads"), "an int"), attrs={"n_kv_heads": 2.0}),
     Case("gn-sm-count-0", GN, "wrapper", (attr("sm_count"), "0"), attrs={"sm_count": 0}),
+    # The native handlers take both as int64 attributes: past it, a named error at trace time, not at lowering.
+    Case("gn-n-kv-heads-past-int64", GN, "call", (attr("n_kv_heads"), str(2**63)), attrs={"n_kv_heads": 2**63}),
+    Case("gn-sm-count-past-int64", GN, "wrapper", (attr("sm_count"), str(2**64)), attrs={"sm_count": 2**64}),
     Case("gn-batch-vector", GN, "call", (opnd("batch"), "scalar"), operands={"batch": S((B,), I32)}),
     Case(
         "gn-length-float",

@@ -385,7 +385,7 @@ def _gn_normalize(a: dict[str, Any]) -> dict[str, Any]:
     for k in ("n_kv_heads", "sm_count"):
         if a[k] is None:
             raise attribute_error(_GN, k, "an int >= 1; it is required", None)
-        a[k] = norm_int(_GN, k, a[k], lo=1)
+        a[k] = norm_int(_GN, k, a[k], lo=1, hi=2**63 - 1)  # the native handlers' int64 attributes
     return a
 
 
