@@ -1010,6 +1010,44 @@ def test_msa_and_indexer_layer_idx_in_scan(impl):
         assert_indexer_matches(got[i], ref, sc, el, 3, 1, 1)
 
 
+def test_vmap_every_operand(impl):
+    """vmap over every operand at once (each element its own batch, pool, page table and layer; the pool's batch
+    axis in another position, out_axes 1), and over the store's pool, k and v with the pool batched or shared."""
+    rng = np.random.default_rng(56)
+    cases = [mha_inputs(60 + i, sc, group=2, page_size=16, dtype=np.dtype(np.float32), head_dim=32)[1:]
+             for i, sc in enumerate(["mixed", "decode", "spec"])]
+    t = max(b.T for b, _, _, _ in cases)
+    pad = lambda x: np.concatenate([x, np.zeros((t - x.shape[0],) + x.shape[1:], x.dtype)])
+    qs = np.stack([pad(q) for _, _, q, _ in cases])
+    nseq = max(len(b.cache_lengths) for b, _, _, _ in cases)  # the sequences past a batch's own hold no rows
+    offs = np.stack([np.pad(b.offsets, (0, nseq + 1 - len(b.offsets)), mode="edge") for b, _, _, _ in cases])
+    cls = np.stack([np.pad(b.cache_lengths, (0, nseq - len(b.cache_lengths))) for b, _, _, _ in cases])
+    nb = max(pc.kv_blocks.shape[0] for _, pc, _, _ in cases)
+    kvs = np.stack([np.concatenate([pc.kv_blocks, rand(rng, (nb - pc.kv_blocks.shape[0],) + pc.kv_blocks.shape[1:],
+                                                       np.float32)]) for _, pc, _, _ in cases], axis=3)
+    luts = np.stack([np.pad(pc.lut, ((0, nseq - pc.lut.shape[0]), (0, 0)), constant_values=-1)
+                     for _, pc, _, _ in cases])
+    layers = np.array([1, 0, 1], np.int32)
+    f = lambda q, o, kv, c, lut, layer: msa_ops.mha_ragged_paged(q, o, kv, c, lut, layer, mask_str="causal",
+                                                                 num_partitions=2, implementation=impl)
+    got = np_out(jax.jit(jax.vmap(f, in_axes=(0, 0, 3, 0, 0, 0), out_axes=1))(qs, offs, kvs, cls, luts, layers))
+    for i in range(3):
+        ref = oracle.mha_ragged_paged(qs[i], offs[i], kvs[:, :, :, i], cls[i], luts[i], layers[i])
+        assert_close(got[:, i], ref, 1e-5, what=f"vmap of every operand [{i}]")
+    k = rand(rng, (3, t, 2, 32), np.float32)
+    store = lambda kv, k, o, c, lut, layer: msa_ops.kv_cache_store_ragged_paged(kv, k, k, o, c, lut, layer,
+                                                                                implementation=impl)
+    pools = np.moveaxis(kvs, 3, 0)
+    got = np_out(jax.jit(jax.vmap(store))(pools, k, offs, cls, luts, layers))
+    shared = np_out(jax.jit(jax.vmap(store, in_axes=(None, 0, None, None, None, None)))(
+        pools[0], k, offs[0], cls[0], luts[0], layers[0]))
+    for i in range(3):
+        want = oracle.kv_cache_store_ragged_paged(pools[i], k[i], k[i], offs[i], cls[i], luts[i], layers[i])
+        np.testing.assert_array_equal(bits(got[i]), bits(want), err_msg=f"store, pool batched [{i}]")
+        want = oracle.kv_cache_store_ragged_paged(pools[0], k[i], k[i], offs[0], cls[0], luts[0], layers[0])
+        np.testing.assert_array_equal(bits(shared[i]), bits(want), err_msg=f"store, pool shared [{i}]")
+
+
 def test_vmap_matches_loop(impl):
     V, L = 3, 2
     _, batch, pc, _, _ = mha_inputs(5, "mixed", group=4, page_size=16, dtype=np.float32, head_dim=64,
