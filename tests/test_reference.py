@@ -306,6 +306,10 @@ def test_mha_other_ops_windows_past_int32(impl, W):
     offs = np.array([0, 12, 30], np.int32)
     got = jit_call(msa_ops.mha_ragged_no_cache, q, k, v, offs, implementation=impl, **kw)
     assert_close(np_out(got), oracle.mha_ragged_no_cache(q, k, v, offs, **kw), budget_for(f32), what="ragged")
+    koffs = np.array([0, 5, 9], np.int32)  # fewer keys than queries: the first rows sit at negative positions
+    got = jit_call(msa_ops.mha_ragged_no_cache, q, k, v, offs, koffs, implementation=impl, **kw)
+    assert_close(np_out(got), oracle.mha_ragged_no_cache(q, k, v, offs, koffs, **kw), budget_for(f32),
+                 what="ragged, negative positions")
     qp, kp, vp = q.reshape(2, 15, 4, 32), k.reshape(2, 15, 2, 32), v.reshape(2, 15, 2, 32)
     vl = np.array([9, 15], np.int32)
     got = jit_call(msa_ops.mha_padded_no_cache, qp, kp, vp, vl, implementation=impl, **kw)

@@ -45,10 +45,12 @@ INT32_MAX = 2**31 - 1
 
 
 def visible(mask: str, window: int, p: jax.Array, k: jax.Array) -> jax.Array:
-    """Mask predicate of SPEC.md for query position ``p`` and key position ``k`` (broadcasting; int32, both >= 0).
+    """Mask predicate of SPEC.md for query position ``p`` and key position ``k`` (broadcasting; int32, k >= 0; p < 0
+    for a no-cache row with more queries before it than keys).
 
-    Written so that no int32 sum can wrap for any window: ``k + W > p`` as ``k > p - W``, and a window past int32
-    (any positions' distance and chunk index fit in it) as no limit: every key the base mask shows is in it."""
+    Written so that no int32 sum can wrap for any window: ``k + W > p`` as ``k > max(p, 0) - W`` (a row at p < 0
+    sees every key either way), and a window past int32, which every distance and chunk index fits under, as no
+    limit: every key the base mask shows."""
     if mask == "null":
         return jnp.ones(jnp.broadcast_shapes(jnp.shape(p), jnp.shape(k)), bool)
     if mask == "causal" or (mask in ("sliding_window_causal", "chunked_causal") and window > INT32_MAX):
@@ -58,7 +60,7 @@ def visible(mask: str, window: int, p: jax.Array, k: jax.Array) -> jax.Array:
     if mask == "sliding_window_noncausal":
         if window > INT32_MAX:
             return jnp.ones(jnp.broadcast_shapes(jnp.shape(p), jnp.shape(k)), bool)
-        return k > p - window
+        return k > jnp.maximum(p, 0) - window
     if mask == "chunked_causal":
         return (k <= p) & (jnp.floor_divide(p, window) == jnp.floor_divide(k, window))
     raise ValueError(f"unknown mask {mask!r}")
