@@ -40,9 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--implementation", default="auto", choices=["auto", "reference", "native"])
     sub.add_parser("info", help="versions, native libraries, FFI targets, CUDA archs")
-    b = sub.add_parser("bench", help="run the CPU decode benchmark (benchmarks/cpu_decode.py)")
-    b.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    sub.add_parser("bench", help="run the CPU decode benchmark (benchmarks/cpu_decode.py); the arguments after "
+                   "'bench' go to it (e.g. python -m msa_ops bench --help)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd != "bench" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd == "demo":
         from .demo import run_demo
 
@@ -53,11 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         import runpy
         from pathlib import Path
 
-        script = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu_decode.py"
-        if not script.exists():
-            print(f"benchmark script not found at {script} (run from a source checkout)")
+        # The source tree this package came from, else the working directory (an installed package run from its
+        # checkout).
+        where = [Path(__file__).resolve().parent.parent, Path.cwd()]
+        script = next((w / "benchmarks" / "cpu_decode.py" for w in where
+                       if (w / "benchmarks" / "cpu_decode.py").exists()), None)
+        if script is None:
+            print(f"benchmarks/cpu_decode.py not found under {' or '.join(map(str, where))} (run from a source "
+                  "checkout)")
             return 2
-        sys.argv = [str(script), *args.rest]
+        sys.argv = [str(script), *(rest[1:] if rest[:1] == ["--"] else rest)]
         runpy.run_path(str(script), run_name="__main__")
         return 0
     return 2

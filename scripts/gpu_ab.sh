@@ -8,7 +8,7 @@
 # variant kept on a branch can be put there with `git show BRANCH:kernels/cuda/X > ab1/cuda/X`. A folder may also
 # hold msa_ops/ files (ab1/msa_ops/routing.py replaces msa_ops/routing.py): that variant's command then runs in a
 # copy of the repository's Python side with them laid over it (for a ladder change that goes with a kernel change).
-# The folders must travel to the GPU machine: untracked and not ignored, or named in the run's carry list.
+# The folders must be present on the GPU machine: copy them there with the tree.
 set -uo pipefail
 PY=${PY:-python3}
 AB_DIR=${AB_DIR:?AB_DIR: folders of replacement kernel files (space-separated)}

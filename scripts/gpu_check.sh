@@ -53,8 +53,8 @@ for k in build info pytest_gpu pytest_cpu_native demo "${BENCHES[@]}" sanitizer;
   echo "| $k | ${STATUS[$k]:-skipped} | $(grep -E 'passed|failed|ERROR SUMMARY|result:' "$OUT/$k.log" 2>/dev/null | tail -n 1) |"
 done
 for f in "$OUT"/*.md; do [ -e "$f" ] && cat "$f"; done
-# The device tool returns at most 8 files from $OUT: past that, everything goes into one archive (PACK=0 keeps the
-# files loose), e.g. `tar xf gpu_check.tar -C benchmarks/results gpu_mha.json gpu_mha.md` here afterwards. Files the
+# More than 8 files in $OUT go into one archive, easier to copy back (PACK=0 keeps the files loose), e.g.
+# `tar xf gpu_check.tar -C benchmarks/results gpu_mha.json gpu_mha.md` afterwards. Files the
 # caller has in $OUT by then go in too and leave $OUT, this script's own redirected output among them: a command
 # that reads it afterwards should redirect it outside $OUT, or pass PACK=0.
 n=$(find "$OUT" -maxdepth 1 -type f | wc -l)

@@ -122,3 +122,17 @@ def test_info_reports_built_libraries():
     assert set(_native.TARGETS) <= set(info["cpu"]["registered_targets"])
     if info["cuda"]["library"] is not None:  # compiled here (nvcc present) even without a GPU
         assert re.fullmatch(r"\d+a?(;\d+a?)*", info["cuda"]["archs"] or ""), info["cuda"]
+
+
+def test_cli_bench_forwards_its_arguments(capsys):
+    """`python -m msa_ops bench ARGS` hands ARGS to benchmarks/cpu_decode.py (its --help here; the script is found
+    from the source tree or, for an installed package, the working directory: the tests run from the checkout);
+    other subcommands reject arguments they do not take."""
+    from msa_ops.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0 and "--cache" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["info", "--cache", "5"])
+    assert e.value.code == 2 and "unrecognized arguments: --cache 5" in capsys.readouterr().err
