@@ -76,6 +76,9 @@ def visible(mask: str, p: np.ndarray, k: np.ndarray, window: int) -> np.ndarray:
         return k <= p
     if mask in ("sliding_window_causal", "sliding_window_noncausal", "chunked_causal") and window <= 0:
         raise ValueError(f"mask {mask} needs local_window_size > 0, got {window}")
+    # Positions and keys are int32, so every |p - k| and every chunk index is the same under any window past 2^33:
+    # capping it keeps the int64 arithmetic below from wrapping for windows up to 2^63 - 1.
+    window = min(int(window), 2**33)
     if mask == "sliding_window_causal":
         return (k <= p) & (p - k < window)
     if mask == "sliding_window_noncausal":

@@ -280,9 +280,9 @@ def test_mha_padded_no_cache(impl, seed, mask, W, S, Sk):
 
 
 # Windows near and past the int32 range (any int > 0 is a valid window; positions are int32): a window at or past
-# every distance shows what the base mask shows, and none of the masks' sums may wrap. Cases: the int32 limit less
-# a little (k + W wraps for k > 9), past int32, past int32 by far.
-HUGE_WINDOWS = [2**31 - 10, 2**31, 2**40]
+# every distance shows what the base mask shows, and none of the masks' sums may wrap (in the library or the oracle).
+# Cases: the int32 limit less a little (k + W wraps for k > 9), past int32, past it by far, the int64 limit.
+HUGE_WINDOWS = [2**31 - 10, 2**31, 2**40, 2**63 - 1]
 
 
 @pytest.mark.parametrize("W", HUGE_WINDOWS)
