@@ -97,7 +97,8 @@ def softmax_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, vis: np.ndarray,
     out = np.zeros((n, V.shape[-1]), np.float64)
     if K.shape[0] == 0 or n == 0:
         return out
-    s = scale * (q @ K.T)
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite keys no row may see are masked just below
+        s = scale * (q @ K.T)
     s = np.where(vis, s, -np.inf)
     has = vis.any(axis=1)
     if not has.any():
@@ -110,7 +111,16 @@ def softmax_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, vis: np.ndarray,
     den = e.sum(axis=1, keepdims=True)
     if sink is not None and sink > -np.inf:
         den = den + np.exp(sink - m)
-    out[has] = (e @ V) / den
+    # A key a row does not see contributes nothing to it, not even 0 * NaN: rows that see a non-finite value row
+    # are summed over their own keys only.
+    bad = ~np.isfinite(V).all(axis=1)
+    if bad.any():
+        num = e @ np.where(bad[:, None], 0.0, V)
+        for i in np.nonzero((v_rows & bad[None, :]).any(axis=1))[0]:
+            num[i] = e[i, v_rows[i]] @ V[v_rows[i]]
+    else:
+        num = e @ V
+    out[has] = num / den
     return out
 
 

@@ -13,6 +13,7 @@ import pytest
 from conftest import (
     BF16,
     DTYPES,
+    FP8,
     RaggedBatch,
     assert_close,
     budget_for,
@@ -359,6 +360,82 @@ def test_mha_odd_groups_and_many_partitions(impl, group, n_kv_heads, num_partiti
                           implementation=impl))
     ref = oracle.mha_ragged_paged(*args, mask_str="causal", sink_weights=sinks)
     assert_close(got, ref, budget_for(BF16), what=f"group {group}, {num_partitions} partitions")
+
+
+def poison_unseen(kv_blocks, lut, cache, n, page, value=np.nan):
+    """A copy of the pool with `value` in every key and value row no row of these sequences sees: every page no
+    sequence's keys lie on, the slots past each sequence's last key. Returns it and the pages in use."""
+    kv = np.array(kv_blocks)
+    used = {int(lut[b, j]) for b, (c, m) in enumerate(zip(cache, n)) for j in range(-(-(c + m) // page))}
+    for pg in set(range(kv.shape[0])) - used:
+        kv[pg] = value
+    for b, (c, m) in enumerate(zip(cache, n)):
+        if (c + m) % page:
+            kv[lut[b, (c + m) // page], :, :, (c + m) % page:] = value
+    return kv
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("num_partitions", [1, 3])
+def test_unseen_non_finite_keys_never_reach_an_output(impl, value, num_partitions):
+    """NaN or Inf in keys and values no row sees (pages of no sequence, slots past a sequence's keys, and the last
+    new token's key for the rows before it) reaches no output, not even as 0 * NaN; the rows that see no such key
+    match the oracle. (What a row that does see one outputs is left open: docs/SEMANTICS.md.)"""
+    rng = np.random.default_rng(71)
+    n, cache, page = [5, 1, 9], [20, 0, 37], 16
+    pc = make_paged_cache(rng, [c + m for c, m in zip(cache, n)], page_size=page, max_pages=4, n_kv_heads=2,
+                          head_dim=32, dtype=np.dtype(np.float32), junk_tail=False)
+    kv = poison_unseen(pc.kv_blocks, pc.lut, cache, n, page, value)
+    last = cache[2] + n[2] - 1  # the third sequence's last key: only its last row sees it
+    kv[pc.lut[2, last // page], :, 1, last % page] = value
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    q = rand(rng, (int(offs[-1]) + 2, 8, 32), np.dtype(np.float32))
+    args = (q, offs, kv, np.array(cache, np.int32), pc.lut, np.int32(1))
+    got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, num_partitions=num_partitions, implementation=impl))
+    ref = oracle.mha_ragged_paged(*args)
+    clean = np.ones(q.shape[0], bool)
+    clean[offs[-1] - 1] = False
+    assert np.isfinite(got[clean]).all()
+    assert_close(got[clean], ref[clean], budget_for(np.float32), what="rows that see no poisoned key")
+    # MSA: pages of unselected blocks, and keys past a row's position inside the blocks it selects.
+    n, cache = [1, 3, 4], [300, 126, 250]
+    pm = make_paged_cache(rng, [c + m for c, m in zip(cache, n)], page_size=128, max_pages=3, n_kv_heads=1,
+                          head_dim=128, dtype=FP8 if value is np.nan else BF16, junk_tail=False)
+    mkv = poison_unseen(pm.kv_blocks, pm.lut, cache, n, 128, value)
+    last = cache[2] + n[2] - 1
+    mkv[pm.lut[2, last // 128], :, 0, last % 128] = value
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    q = rand(rng, (int(offs[-1]) + 1, 4, 128), mkv.dtype)
+    idx = np.stack([np.array([0, 2, -1], np.int32)] * q.shape[0])[None]  # block 1 unselected
+    args = (q, offs, mkv, np.array(cache, np.int32), pm.lut, np.int32(0), idx)
+    got = np_out(jit_call(msa_no_cro, *args, num_partitions=num_partitions, implementation=impl)).astype(np.float32)
+    ref = oracle.msa_attention_ragged_paged(q, offs, None, *args[2:])
+    clean = np.ones(q.shape[0], bool)
+    clean[offs[-1] - 1] = False
+    assert np.isfinite(got[clean]).all()
+    assert_close(got[clean], ref[clean], budget_for(BF16, mkv.dtype), what="MSA rows that see no poisoned key")
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16", "fp8"])
+def test_store_keeps_every_bit(impl, dt):
+    """The store moves bits: NaN payloads, -0 and subnormals in the new rows and in the pool it leaves alone come
+    out as they went in."""
+    dtype = DTYPES[dt]
+    rng = np.random.default_rng(72)
+    bits_of = {1: np.uint8, 2: np.uint16}[dtype.itemsize]
+    pc = make_paged_cache(rng, [40, 30], page_size=16, max_pages=3, n_kv_heads=2, head_dim=16, dtype=dtype)
+    special = np.array([0x7F, 0xFF, 0x80, 0x01] if dtype.itemsize == 1 else [0x7FC1, 0xFFF2, 0x8000, 0x0001],
+                       bits_of)
+    pool = pc.kv_blocks.copy()
+    pool.view(bits_of).reshape(-1)[::7] = np.resize(special, pool.size)[::7]
+    k = rand(rng, (9, 2, 16), dtype)
+    k.view(bits_of).reshape(-1)[::3] = np.resize(special, k.size)[::3]
+    v = k[::-1].copy()
+    offs, cl = np.array([0, 4, 9], np.int32), np.array([30, 14], np.int32)
+    got = np_out(jit_call(msa_ops.kv_cache_store_ragged_paged, pool, k, v, offs, cl, pc.lut, np.int32(1),
+                          implementation=impl))
+    want = oracle.kv_cache_store_ragged_paged(pool, k, v, offs, cl, pc.lut, 1)
+    np.testing.assert_array_equal(got.view(bits_of), np.asarray(want, dtype).view(bits_of))
 
 
 # ==========================================================================================================

@@ -97,7 +97,10 @@ def attend_row(
     den = jnp.sum(e, axis=-1)
     if sink is not None:
         den = den + jnp.exp(sk - m)
-    o = jnp.einsum("kgs,ksd->kgd", e, v.astype(jnp.float32), precision=prec)
+    # A key no row of this kv head sees contributes nothing, not even 0 * NaN: its value row is zeroed first (the
+    # pool's pages past a sequence, or of other sequences, may hold anything).
+    v = jnp.where(vis[:, 0, :, None], v.astype(jnp.float32), 0.0)
+    o = jnp.einsum("kgs,ksd->kgd", e, v, precision=prec)
     o = o / jnp.where(den > 0, den, 1.0)[..., None]
     o = jnp.where(any_vis[..., None], o, 0.0)
     return o.reshape(h, d)

@@ -26,9 +26,13 @@ def kv_cache_store_ragged_paged(kv_blocks, k, v, input_row_offsets, cache_length
     dst = jnp.where(ok, pg, nb)  # out of bounds -> dropped
     slot = jnp.where(ok, pos % page, 0)
     lay = jnp.clip(layer, 0, nl - 1)
-    out = kv_blocks.at[dst, 0, lay, slot].set(k.astype(kv_blocks.dtype), mode="drop")
-    out = out.at[dst, 1, lay, slot].set(v.astype(kv_blocks.dtype), mode="drop")
-    return (out,)
+    # The scatter moves the values' bits as unsigned ints of their width: XLA's float scatter on the CPU rewrites
+    # bf16 NaN payloads (in the rows it writes and in the pool it copies), and the store is bit-exact.
+    bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(kv_blocks.dtype).itemsize]
+    as_bits = lambda x: lax.bitcast_convert_type(x.astype(kv_blocks.dtype), bits)  # noqa: E731
+    out = as_bits(kv_blocks).at[dst, 0, lay, slot].set(as_bits(k), mode="drop")
+    out = out.at[dst, 1, lay, slot].set(as_bits(v), mode="drop")
+    return (lax.bitcast_convert_type(out, kv_blocks.dtype),)
 
 
 def kv_cache_row_offsets_ragged_paged(input_row_offsets, cache_lengths):
