@@ -57,12 +57,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # The source tree this package came from, else the working directory (an installed package run from its
         # checkout).
-        where = [Path(__file__).resolve().parent.parent, Path.cwd()]
-        script = next((w / "benchmarks" / "cpu_decode.py" for w in where
-                       if (w / "benchmarks" / "cpu_decode.py").exists()), None)
+        where = [w / "benchmarks" / "cpu_decode.py" for w in (Path(__file__).resolve().parent.parent, Path.cwd())]
+        script = next((w for w in where if w.exists()), None)
         if script is None:
-            print(f"benchmarks/cpu_decode.py not found under {' or '.join(map(str, where))} (run from a source "
-                  "checkout)")
+            print(f"benchmark script not found at {' or '.join(map(str, where))} (run from a source checkout)")
             return 2
         sys.argv = [str(script), *(rest[1:] if rest[:1] == ["--"] else rest)]
         runpy.run_path(str(script), run_name="__main__")

@@ -51,15 +51,13 @@ def visible(mask: str, window: int, p: jax.Array, k: jax.Array) -> jax.Array:
     Written so that no int32 sum can wrap for any window: ``k + W > p`` as ``k > max(p, 0) - W`` (a row at p < 0
     sees every key either way), and a window past int32, which every distance and chunk index fits under, as no
     limit: every key the base mask shows."""
-    if mask == "null":
+    if mask == "null" or (mask == "sliding_window_noncausal" and window > INT32_MAX):
         return jnp.ones(jnp.broadcast_shapes(jnp.shape(p), jnp.shape(k)), bool)
     if mask == "causal" or (mask in ("sliding_window_causal", "chunked_causal") and window > INT32_MAX):
         return k <= p
     if mask == "sliding_window_causal":
         return (k <= p) & (p - k < window)
     if mask == "sliding_window_noncausal":
-        if window > INT32_MAX:
-            return jnp.ones(jnp.broadcast_shapes(jnp.shape(p), jnp.shape(k)), bool)
         return k > jnp.maximum(p, 0) - window
     if mask == "chunked_causal":
         return (k <= p) & (jnp.floor_divide(p, window) == jnp.floor_divide(k, window))
