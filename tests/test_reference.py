@@ -280,47 +280,6 @@ def test_mha_padded_no_cache(impl, seed, mask, W, S, Sk):
     assert_close(np_out(got), ref, budget_for(dtype), what="mha_padded_no_cache")
 
 
-# Windows near and past the int32 range (any int > 0 is a valid window; positions are int32): a window at or past
-# every distance shows what the base mask shows, and none of the masks' sums may wrap (in the library or the oracle).
-# Cases: the int32 limit less a little (k + W wraps for k > 9), past int32, past it by far, the int64 limit.
-HUGE_WINDOWS = [2**31 - 10, 2**31, 2**40, 2**63 - 1]
-
-
-@pytest.mark.parametrize("W", HUGE_WINDOWS)
-@pytest.mark.parametrize("mask", ["sliding_window_causal", "sliding_window_noncausal", "chunked_causal"])
-def test_mha_windows_past_int32(impl, mask, W):
-    _, batch, pc, q, layer = mha_inputs(7, "mixed", group=2, page_size=16, dtype=np.dtype(np.float32), head_dim=32)
-    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, pc.lut, layer)
-    got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, mask_str=mask, local_window_size=W, implementation=impl))
-    ref = oracle.mha_ragged_paged(*args, mask_str=mask, local_window_size=W)
-    assert_close(got, ref, budget_for(np.float32), what=f"mha_ragged_paged[{mask}, W={W}]")
-    # A window past every distance is the base mask: the causal one, or none for the non-causal window.
-    base = "null" if mask == "sliding_window_noncausal" else "causal"
-    assert_close(got, oracle.mha_ragged_paged(*args, mask_str=base), budget_for(np.float32), what="base mask")
-
-
-@pytest.mark.parametrize("W", [2**31 - 10, 2**40])
-def test_mha_other_ops_windows_past_int32(impl, W):
-    rng = np.random.default_rng(8)
-    f32, kw = np.dtype(np.float32), {"mask_str": "sliding_window_noncausal", "local_window_size": W}
-    q, k, v = rand(rng, (30, 4, 32), f32), rand(rng, (30, 2, 32), f32), rand(rng, (30, 2, 32), f32)
-    offs = np.array([0, 12, 30], np.int32)
-    got = jit_call(msa_ops.mha_ragged_no_cache, q, k, v, offs, implementation=impl, **kw)
-    assert_close(np_out(got), oracle.mha_ragged_no_cache(q, k, v, offs, **kw), budget_for(f32), what="ragged")
-    koffs = np.array([0, 5, 9], np.int32)  # fewer keys than queries: the first rows sit at negative positions
-    got = jit_call(msa_ops.mha_ragged_no_cache, q, k, v, offs, koffs, implementation=impl, **kw)
-    assert_close(np_out(got), oracle.mha_ragged_no_cache(q, k, v, offs, koffs, **kw), budget_for(f32),
-                 what="ragged, negative positions")
-    qp, kp, vp = q.reshape(2, 15, 4, 32), k.reshape(2, 15, 2, 32), v.reshape(2, 15, 2, 32)
-    vl = np.array([9, 15], np.int32)
-    got = jit_call(msa_ops.mha_padded_no_cache, qp, kp, vp, vl, implementation=impl, **kw)
-    assert_close(np_out(got), oracle.mha_padded_no_cache(qp, kp, vp, vl, **kw), budget_for(f32), what="padded")
-    pc = make_paged_cache(rng, [40, 50], page_size=16, max_pages=S_MAX // 16, n_kv_heads=2, head_dim=32, dtype=f32)
-    args = (qp, pc.kv_blocks, np.array([31, 35], np.int32), pc.lut, np.int32(0), vl)
-    got = jit_call(msa_ops.mha_padded_paged, *args, implementation=impl, **kw)
-    assert_close(np_out(got), oracle.mha_padded_paged(*args, **kw), budget_for(f32), what="padded paged")
-
-
 def edge_batch(seed, page, max_pages, n_kv_heads, group, head_dim, dtype):
     """A ragged batch at the page and cache edges: (rows, cache) per sequence of 1 key, a page less one, a page, a
     page plus one, S_max keys exactly, a cache past S_max, a sequence of no rows; three padding rows at the end."""

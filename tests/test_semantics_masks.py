@@ -22,12 +22,20 @@ def np_out(x):
 
 # §3 "Any W > 0 is a valid window, however large: ... a window of 2^31 - 1 or more shows what the base mask shows
 # ..., and no implementation's arithmetic may wrap on the way. local_window_size must fit in int64"
-@pytest.mark.parametrize("W", [2 ** 31 - 1, 2 ** 32 + 5, 2 ** 62, 2 ** 63 - 2, 2 ** 63 - 1])
+# Cases: the int32 limit less a little (k + W wraps for k > 9), the limit itself, just past it, and on to int64's.
+# Each op against the oracle under the window and under the base mask (so the oracle is checked too).
+@pytest.mark.parametrize("W", [2 ** 31 - 10, 2 ** 31 - 1, 2 ** 31, 2 ** 32 + 5, 2 ** 40, 2 ** 62, 2 ** 63 - 2,
+                               2 ** 63 - 1])
 @pytest.mark.parametrize("mask", WMASKS)
 def test_windows_up_to_int64_max_every_op(impl, mask, W):
     rng = np.random.default_rng(4000)
     base = "null" if mask == "sliding_window_noncausal" else "causal"
     kw = dict(mask_str=mask, local_window_size=W)
+
+    def check(got, ref_fn, *args, what):
+        assert_close(got, ref_fn(*args, **kw), budget_for(F32), what=f"{what} {mask} W={W}")
+        assert_close(got, ref_fn(*args, mask_str=base), budget_for(F32), what=f"{what} {mask} W={W}, base mask")
+
     # ragged paged, with a sequence whose cache is at S_max - 1
     P, MP = 16, 8
     n, cache = [3, 5, 1], [P * MP - 3, 40, P * MP - 1]
@@ -37,24 +45,22 @@ def test_windows_up_to_int64_max_every_op(impl, mask, W):
     q = rand(rng, (int(offs[-1]) + 1, 4, 32), F32)
     args = (q, offs, pc.kv_blocks, np.array(cache, np.int32), pc.lut, np.int32(0))
     got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, implementation=impl, **kw))
-    assert_close(got, oracle.mha_ragged_paged(*args, mask_str=base), budget_for(F32), what=f"paged {mask} W={W}")
+    check(got, oracle.mha_ragged_paged, *args, what="paged")
     # padded paged
     qp = rand(rng, (3, 5, 4, 32), F32)
     pargs = (qp, pc.kv_blocks, np.array(cache, np.int32), pc.lut, np.int32(1), np.array([3, 5, 1], np.int32))
     got = np_out(jit_call(msa_ops.mha_padded_paged, *pargs, implementation=impl, **kw))
-    assert_close(got, oracle.mha_padded_paged(*pargs, mask_str=base), budget_for(F32), what="padded paged")
+    check(got, oracle.mha_padded_paged, *pargs, what="padded paged")
     # ragged no cache with negative positions (fewer keys than queries)
     qn, kn = rand(rng, (20, 4, 32), F32), rand(rng, (16, 2, 32), F32)
     o, ko = np.array([0, 12, 20], np.int32), np.array([0, 5, 16], np.int32)
     got = np_out(jit_call(msa_ops.mha_ragged_no_cache, qn, kn, kn, o, ko, implementation=impl, **kw))
-    assert_close(got, oracle.mha_ragged_no_cache(qn, kn, kn, o, ko, mask_str=base), budget_for(F32),
-                 what="ragged no cache")
+    check(got, oracle.mha_ragged_no_cache, qn, kn, kn, o, ko, what="ragged no cache")
     # padded no cache (S > Sk: negative positions)
     qq, kk = rand(rng, (2, 9, 4, 32), F32), rand(rng, (2, 6, 2, 32), F32)
     vl = np.array([9, 4], np.int32)
     got = np_out(jit_call(msa_ops.mha_padded_no_cache, qq, kk, kk, vl, implementation=impl, **kw))
-    assert_close(got, oracle.mha_padded_no_cache(qq, kk, kk, vl, mask_str=base), budget_for(F32),
-                 what="padded no cache")
+    check(got, oracle.mha_padded_no_cache, qq, kk, kk, vl, what="padded no cache")
 
 
 def test_window_must_fit_int64_every_mask_every_op():
