@@ -1,4 +1,5 @@
-// Small helpers shared by the CPU handlers: operand checks, dtype dispatch, row stores.
+// Small helpers shared by the CPU handlers: scalar reads, dtype dispatch, row stores (the operand checks are
+// msa_ops/checks.h, shared with the CUDA handlers).
 #ifndef MSA_OPS_CPU_HANDLER_UTIL_H_
 #define MSA_OPS_CPU_HANDLER_UTIL_H_
 
@@ -6,50 +7,12 @@
 #include <cstring>
 #include <string>
 
+#include "msa_ops/checks.h"
 #include "msa_ops/dtypes.h"
 #include "msa_ops/ffi.h"
 
 namespace msa_ops {
 namespace cpu {
-
-inline std::string dims_str(const AnyBuffer& b) {
-  std::string s = "[";
-  auto d = b.dimensions();
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
-  return s + "]";
-}
-
-inline bool is_index_type(const AnyBuffer& b) {
-  return b.element_type() == DataType::S32 || b.element_type() == DataType::U32;
-}
-
-// Checks an int32/uint32 operand of exactly `count` elements (rank-free: the lowering decides shapes).
-inline Error check_index(const char* target, const char* name, const AnyBuffer& b, int64_t count) {
-  if (!is_index_type(b))
-    return invalid(target, std::string(name) + ": expected int32 or uint32");
-  if (static_cast<int64_t>(b.element_count()) != count)
-    return invalid(target, std::string(name) + ": expected " + std::to_string(count) + " elements, got shape " +
-                               dims_str(b));
-  return Error::Success();
-}
-
-inline Error check_shape(const char* target, const char* name, const AnyBuffer& b,
-                         std::initializer_list<int64_t> expected) {
-  auto d = b.dimensions();
-  bool ok = d.size() == expected.size();
-  size_t i = 0;
-  for (int64_t e : expected) {
-    if (!ok) break;
-    ok = d[i++] == e;
-  }
-  if (!ok) {
-    std::string s = "[";
-    i = 0;
-    for (int64_t e : expected) s += (i++ ? "," : "") + std::to_string(e);
-    return invalid(target, std::string(name) + ": expected shape " + s + "], got " + dims_str(b));
-  }
-  return Error::Success();
-}
 
 inline int32_t read_i32_scalar(const AnyBuffer& b) {
   int32_t v;
@@ -93,18 +56,6 @@ inline void store_row(DataType t, void* p, int64_t base, const float* vals, floa
     }
     default:
       break;
-  }
-}
-
-inline const char* dtype_name(DataType t) {
-  switch (t) {
-    case DataType::F32: return "float32";
-    case DataType::BF16: return "bfloat16";
-    case DataType::F16: return "float16";
-    case DataType::F8E4M3FN: return "float8_e4m3fn";
-    case DataType::S32: return "int32";
-    case DataType::U32: return "uint32";
-    default: return "other";
   }
 }
 

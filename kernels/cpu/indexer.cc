@@ -143,30 +143,12 @@ void run_indexer(const IndexerProblem& pr, const std::vector<int64_t>& eff, cons
 Error MsaIndexer(AnyBuffer q, AnyBuffer offsets, AnyBuffer k_blocks, AnyBuffer cache_lengths, AnyBuffer table,
                  AnyBuffer layer, int64_t topk, int64_t init_blocks, int64_t local_blocks, double scale, AnyResult out) {
   const char* target = "msa_ops_msa_indexer";
-  auto float_ok = [](DataType t) { return is_attn_float(t) || t == DataType::F8E4M3FN; };
-  if (!float_ok(q.element_type()))
-    return invalid(target, std::string("q: expected bfloat16, float16, float32 or float8_e4m3fn, got ") + dtype_name(q.element_type()));
-  if (!float_ok(k_blocks.element_type()))
-    return invalid(target, std::string("k_blocks: expected bfloat16, float16, float32 or float8_e4m3fn, got ") +
-                               dtype_name(k_blocks.element_type()));
-  if (rank(q) != 3) return invalid(target, "q: expected [T, Hi, Di], got " + dims_str(q));
+  if (auto e = check_indexer_operands(target, q, offsets, k_blocks, cache_lengths, table, layer, topk, init_blocks,
+                                      local_blocks, *out);
+      e.failure())
+    return e;
   const int64_t T = dim(q, 0), Hi = dim(q, 1), Di = dim(q, 2);
-  if (rank(k_blocks) != 6 || dim(k_blocks, 1) != 1 || dim(k_blocks, 3) != kMsaBlockSize || dim(k_blocks, 4) != 1 ||
-      dim(k_blocks, 5) != Di)
-    return invalid(target, "k_blocks: expected [num_blocks, 1, num_layers, 128, 1, " + std::to_string(Di) + "], got " +
-                               dims_str(k_blocks));
-  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
-  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
-  if (auto e = check_index(target, "k_cache_lengths", cache_lengths, B); e.failure()) return e;
-  if (!is_index_type(table) || rank(table) != 2 || dim(table, 0) != B)
-    return invalid(target, "k_lookup_table: expected int32[" + std::to_string(B) + ", max_pages], got " + dims_str(table));
-  if (auto e = check_index(target, "layer_idx", layer, 1); e.failure()) return e;
-  if (topk < 0 || init_blocks < 0 || local_blocks < 0 || init_blocks + local_blocks > topk)
-    return invalid(target, "topk/init_blocks/local_blocks: expected 0 <= init_blocks + local_blocks <= topk, got " +
-                               std::to_string(topk) + "/" + std::to_string(init_blocks) + "/" + std::to_string(local_blocks));
-  if (out->element_type() != DataType::S32 || static_cast<int64_t>(out->element_count()) != Hi * T * topk)
-    return invalid(target, "out: expected int32[" + std::to_string(Hi) + ", " + std::to_string(T) + ", " +
-                               std::to_string(topk) + "], got " + dims_str(*out));
+  const int64_t B = count(cache_lengths);
   IndexerProblem pr{};
   pr.q_type = q.element_type();
   pr.q = q.untyped_data();

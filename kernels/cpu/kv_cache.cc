@@ -20,29 +20,14 @@ namespace {
 Error KvCacheStore(AnyBuffer kv, AnyBuffer k, AnyBuffer v, AnyBuffer offsets, AnyBuffer cache_lengths, AnyBuffer table,
                    AnyBuffer layer, AnyResult out) {
   const char* target = "msa_ops_kv_cache_store";
-  if (rank(kv) != 6)
-    return invalid(target, "kv_blocks: expected [num_blocks, 2, num_layers, page_size, n_kv_heads, head_dim], got " +
-                               dims_str(kv));
-  if (out->element_type() != kv.element_type() || dims_str(*out) != dims_str(kv))
-    return invalid(target, "result: expected kv_blocks' dtype and shape " + dims_str(kv));
+  if (auto e = check_store_operands(target, kv, k, v, offsets, cache_lengths, table, layer, *out); e.failure()) return e;
   const int64_t Hkv = dim(kv, 4), D = dim(kv, 5), P = dim(kv, 3);
-  if (k.element_type() != kv.element_type() || v.element_type() != kv.element_type())
-    return invalid(target, std::string("k, v: expected kv_blocks' dtype ") + dtype_name(kv.element_type()));
-  if (rank(k) != 3 || dim(k, 1) != Hkv || dim(k, 2) != D)
-    return invalid(target, "k: expected [T, " + std::to_string(Hkv) + ", " + std::to_string(D) + "], got " + dims_str(k));
-  if (dims_str(v) != dims_str(k)) return invalid(target, "v: expected k's shape " + dims_str(k) + ", got " + dims_str(v));
   const int64_t T = dim(k, 0);
-  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
-  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
-  if (auto e = check_index(target, "cache_lengths", cache_lengths, B); e.failure()) return e;
-  if (!is_index_type(table) || rank(table) != 2 || dim(table, 0) != B)
-    return invalid(target, "kv_lookup_table: expected int32[" + std::to_string(B) + ", max_pages], got " + dims_str(table));
-  if (auto e = check_index(target, "layer_idx", layer, 1); e.failure()) return e;
+  const int64_t B = count(cache_lengths);
 
   const size_t bytes = kv.size_bytes();
   char* dst = static_cast<char*>(out->untyped_data());
   if (dst != kv.untyped_data() && bytes > 0) std::memcpy(dst, kv.untyped_data(), bytes);
-  if (P <= 0 || dim(kv, 1) != 2) return invalid(target, "kv_blocks: expected 2 (K, V) in dimension 1 and page_size > 0");
 
   const PagedKV geo{dim(kv, 0), 2, dim(kv, 2), P, Hkv, D, dim(table, 1), read_i32_scalar(layer)};
   std::vector<int64_t> eff(B + 1);
@@ -69,11 +54,8 @@ Error KvCacheStore(AnyBuffer kv, AnyBuffer k, AnyBuffer v, AnyBuffer offsets, An
 
 Error KvCacheRowOffsets(AnyBuffer offsets, AnyBuffer cache_lengths, AnyResult out) {
   const char* target = "msa_ops_kv_cache_row_offsets";
-  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
-  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
-  if (auto e = check_index(target, "cache_lengths", cache_lengths, B); e.failure()) return e;
-  if (!is_index_type(*out) || static_cast<int64_t>(out->element_count()) != B + 1)
-    return invalid(target, "out: expected int32[" + std::to_string(B + 1) + "], got " + dims_str(*out));
+  if (auto e = check_row_offsets_operands(target, offsets, cache_lengths, *out); e.failure()) return e;
+  const int64_t B = count(cache_lengths);
   // No query-row count is given to this op: offsets are repaired without the upper clamp (T = +inf).
   std::vector<int64_t> eff(B + 1);
   repair_offsets(idx(offsets), B + 1, INT64_MAX, eff.data());
@@ -90,9 +72,7 @@ Error KvCacheRowOffsets(AnyBuffer offsets, AnyBuffer cache_lengths, AnyResult ou
 
 Error GetNumPartitions(AnyBuffer batch, AnyBuffer max_len, int64_t n_kv_heads, int64_t sm_count, AnyResult out) {
   const char* target = "msa_ops_get_num_partitions";
-  if (auto e = check_index(target, "batch", batch, 1); e.failure()) return e;
-  if (auto e = check_index(target, "max_cache_valid_length", max_len, 1); e.failure()) return e;
-  if (!is_index_type(*out) || out->element_count() != 1) return invalid(target, "out: expected int32[]");
+  if (auto e = check_num_partitions_operands(target, batch, max_len, *out); e.failure()) return e;
   // sm_count // max(1, batch * n_kv_heads) without forming the product (n_kv_heads is any int64): for positive
   // divisors floor(floor(s / n) / b) = floor(s / (n b)).
   const int64_t b = read_i32_scalar(batch);

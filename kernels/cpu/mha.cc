@@ -137,35 +137,14 @@ Error dispatch_mha(const char* target, const MhaProblem& pr, const std::vector<S
   return Error::Success();
 }
 
-Error check_mask(const char* target, int64_t mask, int64_t window) {
-  if (!mask_code_valid(mask)) return invalid(target, "mask: expected a code in [0, 4], got " + std::to_string(mask));
-  if (mask_needs_window(mask) && window <= 0)
-    return invalid(target, "window: the mask needs local_window_size > 0, got " + std::to_string(window));
-  return Error::Success();
-}
-
 // Shared checks of q[.., H, D] against kv_blocks[NB, 2, L, P, Hkv, D] and the page table.
 Error setup_paged(const char* target, MhaProblem& pr, AnyBuffer q, AnyBuffer kv, int64_t B, AnyBuffer cache_lengths,
                   AnyBuffer table, AnyBuffer layer) {
   if (!is_attn_float(q.element_type())) return invalid(target, std::string("q: expected bfloat16, float16 or float32, got ") + dtype_name(q.element_type()));
-  if (kv.element_type() != q.element_type())
-    return invalid(target, std::string("kv_blocks: expected q's dtype ") + dtype_name(q.element_type()) + ", got " +
-                               dtype_name(kv.element_type()));
-  if (rank(kv) != 6 || dim(kv, 1) != 2)
-    return invalid(target, "kv_blocks: expected [num_blocks, 2, num_layers, page_size, n_kv_heads, head_dim], got " +
-                               dims_str(kv));
-  const int64_t H = pr.H, D = pr.D;
-  if (dim(kv, 5) != D) return invalid(target, "kv_blocks: head_dim must equal q's head_dim " + std::to_string(D));
-  if (dim(kv, 4) <= 0 || H % dim(kv, 4) != 0)
-    return invalid(target, "kv_blocks: n_kv_heads must divide q's heads " + std::to_string(H) + ", got " + dims_str(kv));
-  if (dim(kv, 3) <= 0) return invalid(target, "kv_blocks: page_size must be > 0");
-  if (auto e = check_index(target, "cache_lengths", cache_lengths, B); e.failure()) return e;
-  if (!is_index_type(table) || rank(table) != 2 || dim(table, 0) != B)
-    return invalid(target, "kv_lookup_table: expected int32[" + std::to_string(B) + ", max_pages], got " + dims_str(table));
-  if (auto e = check_index(target, "layer_idx", layer, 1); e.failure()) return e;
+  if (auto e = check_paged_cache(target, q, kv, pr.H, pr.D, B, cache_lengths, table, layer); e.failure()) return e;
   pr.paged = true;
   pr.Hkv = dim(kv, 4);
-  pr.geo = PagedKV{dim(kv, 0), 2, dim(kv, 2), dim(kv, 3), dim(kv, 4), D, dim(table, 1), read_i32_scalar(layer)};
+  pr.geo = PagedKV{dim(kv, 0), 2, dim(kv, 2), dim(kv, 3), dim(kv, 4), pr.D, dim(table, 1), read_i32_scalar(layer)};
   pr.table = idx(table);
   pr.k = kv.untyped_data();
   pr.v = nullptr;
@@ -201,8 +180,7 @@ Error MhaRaggedPaged(AnyBuffer q, AnyBuffer offsets, AnyBuffer kv, AnyBuffer cac
   MhaProblem pr = make_problem(q, H, D, mask, window, scale, block_n);
   if (auto e = setup_paged(target, pr, q, kv, B, cache_lengths, table, layer); e.failure()) return e;
   // Without sinks the operand only fills its slot (the lowering passes q): neither checked nor read.
-  if (has_sink && (sink.element_type() != q.element_type() || static_cast<int64_t>(sink.element_count()) != H))
-    return invalid(target, "sink_weights: expected q's dtype and shape [" + std::to_string(H) + "], got " + dims_str(sink));
+  if (auto e = check_sink(target, has_sink != 0, sink, q, H); e.failure()) return e;
   if (auto e = setup_output(target, pr.out, pr.dtype, q, out, ws_o, ws_lse, T, H, D, num_partitions); e.failure()) return e;
   std::vector<float> sink2(H);
   for (int64_t h = 0; h < H && has_sink; ++h)
@@ -250,15 +228,10 @@ Error MhaPaddedPaged(AnyBuffer q, AnyBuffer kv, AnyBuffer cache_lengths, AnyBuff
 
 Error setup_no_cache(const char* target, MhaProblem& pr, AnyBuffer q, AnyBuffer k, AnyBuffer v, int64_t kv_heads_dim) {
   if (!is_attn_float(q.element_type())) return invalid(target, std::string("q: expected bfloat16, float16 or float32, got ") + dtype_name(q.element_type()));
-  if (k.element_type() != q.element_type() || v.element_type() != q.element_type())
-    return invalid(target, "k, v: expected q's dtype");
-  if (k.dimensions().size() != v.dimensions().size() || dims_str(k) != dims_str(v))
-    return invalid(target, "v: expected k's shape " + dims_str(k) + ", got " + dims_str(v));
+  if (auto e = check_no_cache_kv(target, q, k, v, kv_heads_dim + 2, static_cast<int>(kv_heads_dim), pr.H, pr.D);
+      e.failure())
+    return e;
   const int64_t Hkv = dim(k, static_cast<int>(kv_heads_dim));
-  if (dim(k, static_cast<int>(kv_heads_dim) + 1) != pr.D)
-    return invalid(target, "k: head_dim must equal q's head_dim " + std::to_string(pr.D) + ", got " + dims_str(k));
-  if (Hkv <= 0 || pr.H % Hkv != 0)
-    return invalid(target, "k: n_kv_heads must divide q's heads " + std::to_string(pr.H) + ", got " + dims_str(k));
   pr.paged = false;
   pr.Hkv = Hkv;
   pr.k = k.untyped_data();

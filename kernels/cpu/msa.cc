@@ -114,30 +114,12 @@ Error MsaAttention(AnyBuffer q, AnyBuffer offsets, AnyBuffer cache_row_offsets, 
                    int64_t max_q, AnyResult out, AnyResult ws_o, AnyResult ws_lse) {
   const char* target = "msa_ops_msa_attention";
   (void)max_q;  // the route bound: one algorithm serves every route on the CPU
+  if (auto e = check_msa_operands(target, q, offsets, cache_row_offsets, kv, cache_lengths, table, layer, d_indices,
+                                  *out, *ws_o, *ws_lse, num_partitions);
+      e.failure())
+    return e;
   const DataType dt = q.element_type();
-  if (dt != DataType::BF16 && dt != DataType::F8E4M3FN)
-    return invalid(target, std::string("q: expected bfloat16 or float8_e4m3fn, got ") + dtype_name(dt));
-  if (kv.element_type() != dt)
-    return invalid(target, std::string("kv_blocks: expected q's dtype ") + dtype_name(dt) + ", got " + dtype_name(kv.element_type()));
-  if (rank(q) != 3 || dim(q, 2) != kMsaHeadDim) return invalid(target, "q: expected [T, H, 128], got " + dims_str(q));
-  const int64_t T = dim(q, 0), H = dim(q, 1), D = kMsaHeadDim;
-  if (rank(kv) != 6 || dim(kv, 1) != 2 || dim(kv, 3) != kMsaBlockSize || dim(kv, 5) != D)
-    return invalid(target, "kv_blocks: expected [num_blocks, 2, num_layers, 128, n_kv_heads, 128], got " + dims_str(kv));
-  const int64_t Hkv = dim(kv, 4);
-  if (Hkv <= 0 || H % Hkv != 0)
-    return invalid(target, "kv_blocks: n_kv_heads must divide q's heads " + std::to_string(H) + ", got " + dims_str(kv));
-  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
-  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
-  if (auto e = check_index(target, "cache_row_offsets", cache_row_offsets, B + 1); e.failure()) return e;
-  if (auto e = check_index(target, "cache_lengths", cache_lengths, B); e.failure()) return e;
-  if (!is_index_type(table) || rank(table) != 2 || dim(table, 0) != B)
-    return invalid(target, "kv_lookup_table: expected int32[" + std::to_string(B) + ", max_pages], got " + dims_str(table));
-  if (auto e = check_index(target, "layer_idx", layer, 1); e.failure()) return e;
-  if (!is_index_type(d_indices) || rank(d_indices) != 3 || dim(d_indices, 0) != Hkv || dim(d_indices, 1) != T)
-    return invalid(target, "d_indices: expected int32[" + std::to_string(Hkv) + ", " + std::to_string(T) + ", topk], got " +
-                               dims_str(d_indices));
-  if (out->element_type() != DataType::BF16)
-    return invalid(target, "out: expected bfloat16");
+  const int64_t T = dim(q, 0), H = dim(q, 1), D = kMsaHeadDim, Hkv = dim(kv, 4), B = count(cache_lengths);
   MsaProblem pr{};
   if (auto e = setup_output(target, pr.out, DataType::BF16, q, out, ws_o, ws_lse, T, H, D, num_partitions); e.failure())
     return e;

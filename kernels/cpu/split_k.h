@@ -70,31 +70,18 @@ inline void combine_rows(const AttnOutput& o, const std::vector<int64_t>& rows) 
   });
 }
 
-// Checks the split-K workspace results and fills the output description.
+// Checks the output and the split-K workspace results (msa_ops/checks.h) and fills the output description.
 inline Error setup_output(const char* target, AttnOutput& o, DataType dt, AnyBuffer q, AnyResult out, AnyResult ws_o,
                    AnyResult ws_lse, int64_t rows, int64_t H, int64_t D, int64_t np) {
-  if (out->element_type() != dt || static_cast<int64_t>(out->element_count()) != rows * H * D)
-    return invalid(target, "out: expected q's dtype and shape " + dims_str(q) + ", got " + dims_str(*out));
-  if (np < 1 || np > kMaxPartitions)
-    return invalid(target, "num_partitions: expected >= 1, got " + std::to_string(np));
+  if (auto e = check_attention_output(target, dt, q, *out, *ws_o, *ws_lse, rows, H, D, np); e.failure()) return e;
   o.out_type = dt;
   o.out = out->untyped_data();
   o.rows = rows;
   o.H = H;
   o.D = D;
   o.np = np;
-  o.ws_o = nullptr;
-  o.ws_lse = nullptr;
-  if (np > 1) {
-    if (ws_o->element_type() != DataType::F32 || static_cast<int64_t>(ws_o->element_count()) != np * rows * H * D)
-      return invalid(target, "ws_o: expected float32[" + std::to_string(np) + "," + std::to_string(rows) + "," +
-                                 std::to_string(H) + "," + std::to_string(D) + "], got " + dims_str(*ws_o));
-    if (ws_lse->element_type() != DataType::F32 || static_cast<int64_t>(ws_lse->element_count()) != np * rows * H)
-      return invalid(target, "ws_lse: expected float32[" + std::to_string(np) + "," + std::to_string(rows) + "," +
-                                 std::to_string(H) + "], got " + dims_str(*ws_lse));
-    o.ws_o = static_cast<float*>(ws_o->untyped_data());
-    o.ws_lse = static_cast<float*>(ws_lse->untyped_data());
-  }
+  o.ws_o = np > 1 ? static_cast<float*>(ws_o->untyped_data()) : nullptr;
+  o.ws_lse = np > 1 ? static_cast<float*>(ws_lse->untyped_data()) : nullptr;
   return Error::Success();
 }
 

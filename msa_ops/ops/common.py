@@ -86,10 +86,10 @@ class Check:
         return a.shape[0] - 1
 
     def heads(self, q_name: str, h: int, kv_name: str, hkv: int) -> int:
-        if hkv < 1 or h % hkv != 0:
+        if h < 1 or hkv < 1 or h % hkv != 0:
             raise operand_error(
                 self.op, q_name,
-                f"a number of query heads divisible by the kv heads of '{kv_name}' ({hkv})", f"H = {h}",
+                f"a positive number of query heads divisible by the kv heads of '{kv_name}' ({hkv})", f"H = {h}",
             )
         return h // hkv
 
