@@ -25,6 +25,7 @@
 #include <string>
 
 #include "attention.cuh"
+#include "msa_ops/checks.h"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
 #include "msa_ops/ffi_signatures.h"
@@ -407,19 +408,23 @@ Error MsaIndexer(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffer 
                  AnyBuffer lut, AnyBuffer layer, int64_t topk, int64_t init_blocks, int64_t local_blocks,
                  double scale, AnyResult out, AnyResult ws) {
   const char* target = "msa_ops_msa_indexer";
+  if (auto e = check_indexer_operands(target, q, offsets, k_blocks, cache_lengths, lut, layer, topk, init_blocks,
+                                      local_blocks, *out);
+      e.failure())
+    return e;
   const DataType dt = q.element_type();
-  if (dt != k_blocks.element_type()) return invalid(target, "q and k_blocks must have one dtype");
-  const int64_t T = dim(q, 0), Hi = dim(q, 1), Di = dim(q, 2), B = dim(offsets, 0) - 1, MP = dim(lut, 1);
-  if (rank(k_blocks) != 6 || dim(k_blocks, 1) != 1 || dim(k_blocks, 3) != kBlock || dim(k_blocks, 4) != 1 ||
-      dim(k_blocks, 5) != Di || B < 0 || dim(lut, 0) != B || dim(cache_lengths, 0) != B)
-    return invalid(target, "bad shapes");
-  if (topk < 0 || init_blocks < 0 || local_blocks < 0 || init_blocks + local_blocks > topk)
-    return invalid(target, "expected 0 <= init_blocks + local_blocks <= topk");
+  const int64_t T = dim(q, 0), Hi = dim(q, 1), Di = dim(q, 2), B = count(cache_lengths), MP = dim(lut, 1);
+  if (auto e = check_int_count(target, "topk", topk); e.failure()) return e;  // init and local are <= topk
+  if (auto e = check_int_count(target, "q's rows", T); e.failure()) return e;
+  if (auto e = check_int_count(target, "B (k_cache_lengths)", B); e.failure()) return e;
+  if (auto e = check_int_count(target, "num_blocks (k_blocks)", dim(k_blocks, 0)); e.failure()) return e;
   const int64_t row_bytes = Di * static_cast<int64_t>(dt == DataType::F32 ? 4 : dt == DataType::F8E4M3FN ? 1 : 2);
   if (row_bytes % 16 != 0 || row_bytes / 16 > 32 || ((row_bytes / 16) & (row_bytes / 16 - 1)) != 0)
     return invalid(target, "index key rows must be 16, 32, ..., 512 bytes on CUDA, got " + std::to_string(row_bytes));
   if (MP > kMaxPagesCuda) return invalid(target, "max_pages above " + std::to_string(kMaxPagesCuda));
-  if (dim(*ws, 0) != T || dim(*ws, 1) != Hi || dim(*ws, 2) != MP) return invalid(target, "bad score workspace");
+  if (ws->element_type() != DataType::F32 || rank(*ws) != 3 || dim(*ws, 0) != T || dim(*ws, 1) != Hi || dim(*ws, 2) != MP)
+    return invalid(target, "scores: expected float32[" + std::to_string(T) + ", " + std::to_string(Hi) + ", " +
+                               std::to_string(MP) + "], got " + dims_str(*ws));
   IxArgs a{};
   a.q = q.untyped_data();
   a.k = k_blocks.untyped_data();

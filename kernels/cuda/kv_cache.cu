@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "msa_ops/checks.h"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
 #include "msa_ops/ffi_signatures.h"
@@ -28,15 +29,6 @@ Error launch_error(const char* target, const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return Error::Success();
   return Error::Internal(std::string(target) + ": " + what + ": " + cudaGetErrorString(e));
-}
-
-bool is_index(const AnyBuffer& b) { return b.element_type() == DataType::S32 || b.element_type() == DataType::U32; }
-
-std::string dims_str(const AnyBuffer& b) {
-  std::string s = "[";
-  auto d = b.dimensions();
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
-  return s + "]";
 }
 
 // One block column per sequence b; rows of b are spread over gridDim.y; threads copy words of a row.
@@ -99,23 +91,11 @@ __global__ void num_partitions_kernel(const int32_t* batch, const int32_t* max_l
 Error KvCacheStore(cudaStream_t stream, AnyBuffer kv, AnyBuffer k, AnyBuffer v, AnyBuffer offsets,
                    AnyBuffer cache_lengths, AnyBuffer table, AnyBuffer layer, AnyResult out) {
   const char* target = "msa_ops_kv_cache_store";
-  if (rank(kv) != 6 || dim(kv, 1) != 2 || dim(kv, 3) <= 0)
-    return invalid(target, "kv_blocks: expected [num_blocks, 2, num_layers, page_size, n_kv_heads, head_dim], got " +
-                               dims_str(kv));
-  if (out->element_type() != kv.element_type() || dims_str(*out) != dims_str(kv))
-    return invalid(target, "result: expected kv_blocks' dtype and shape " + dims_str(kv));
+  if (auto e = check_store_operands(target, kv, k, v, offsets, cache_lengths, table, layer, *out); e.failure()) return e;
   const int64_t Hkv = dim(kv, 4), D = dim(kv, 5);
-  if (k.element_type() != kv.element_type() || v.element_type() != kv.element_type())
-    return invalid(target, "k, v: expected kv_blocks' dtype");
-  if (rank(k) != 3 || dim(k, 1) != Hkv || dim(k, 2) != D || dims_str(v) != dims_str(k))
-    return invalid(target, "k, v: expected [T, n_kv_heads, head_dim] matching kv_blocks, got " + dims_str(k) + ", " +
-                               dims_str(v));
   const int64_t T = dim(k, 0);
-  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
-  if (!is_index(offsets) || static_cast<int64_t>(offsets.element_count()) != B + 1 || !is_index(cache_lengths) ||
-      !is_index(table) || rank(table) != 2 || dim(table, 0) != B || !is_index(layer) || layer.element_count() != 1)
-    return invalid(target, "index operands: expected int32 input_row_offsets[B+1], cache_lengths[B], "
-                           "kv_lookup_table[B, max_pages], layer_idx[]");
+  const int64_t B = count(cache_lengths);
+  if (auto e = check_int_count(target, "B (cache_lengths)", B); e.failure()) return e;  // the grid's x
   const size_t bytes = kv.size_bytes();
   if (out->untyped_data() != kv.untyped_data() && bytes > 0) {
     cudaMemcpyAsync(out->untyped_data(), kv.untyped_data(), bytes, cudaMemcpyDeviceToDevice, stream);
@@ -149,10 +129,8 @@ Error KvCacheStore(cudaStream_t stream, AnyBuffer kv, AnyBuffer k, AnyBuffer v, 
 
 Error KvCacheRowOffsets(cudaStream_t stream, AnyBuffer offsets, AnyBuffer cache_lengths, AnyResult out) {
   const char* target = "msa_ops_kv_cache_row_offsets";
-  const int64_t B = static_cast<int64_t>(cache_lengths.element_count());
-  if (!is_index(offsets) || static_cast<int64_t>(offsets.element_count()) != B + 1 || !is_index(cache_lengths) ||
-      !is_index(*out) || static_cast<int64_t>(out->element_count()) != B + 1)
-    return invalid(target, "expected int32 input_row_offsets[B+1], cache_lengths[B] and result [B+1]");
+  if (auto e = check_row_offsets_operands(target, offsets, cache_lengths, *out); e.failure()) return e;
+  const int64_t B = count(cache_lengths);
   row_offsets_kernel<<<1, 32, 0, stream>>>(static_cast<const int32_t*>(offsets.untyped_data()),
                                            static_cast<const int32_t*>(cache_lengths.untyped_data()),
                                            static_cast<int32_t*>(out->untyped_data()), B);
@@ -162,9 +140,7 @@ Error KvCacheRowOffsets(cudaStream_t stream, AnyBuffer offsets, AnyBuffer cache_
 Error GetNumPartitions(cudaStream_t stream, AnyBuffer batch, AnyBuffer max_len, int64_t n_kv_heads, int64_t sm_count,
                        AnyResult out) {
   const char* target = "msa_ops_get_num_partitions";
-  if (!is_index(batch) || batch.element_count() != 1 || !is_index(max_len) || max_len.element_count() != 1 ||
-      !is_index(*out) || out->element_count() != 1)
-    return invalid(target, "expected int32 scalars batch, max_cache_valid_length and result");
+  if (auto e = check_num_partitions_operands(target, batch, max_len, *out); e.failure()) return e;
   num_partitions_kernel<<<1, 32, 0, stream>>>(static_cast<const int32_t*>(batch.untyped_data()),
                                               static_cast<const int32_t*>(max_len.untyped_data()), n_kv_heads, sm_count,
                                               static_cast<int32_t*>(out->untyped_data()));

@@ -14,6 +14,7 @@
 #include "attention.cuh"
 #include "attention_sm90.cuh"
 #include "attention_ws_sm90.cuh"
+#include "msa_ops/checks.h"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
 #include "msa_ops/ffi_signatures.h"
@@ -268,15 +269,12 @@ Error dispatch_ragged(cudaStream_t stream, DataType dt, int d, int bm, const Att
   return dispatch(stream, dt, d, bm, a, static_cast<int>(tiles), target);
 }
 
-bool same_shape(const AnyBuffer& x, const AnyBuffer& y) {
-  if (rank(x) != rank(y)) return false;
-  for (int64_t i = 0; i < rank(x); ++i)
-    if (dim(x, i) != dim(y, i)) return false;
-  return true;
-}
-
-bool supported(DataType dt, int64_t d) {
-  return (dt == DataType::BF16 || dt == DataType::F16) && (d == 64 || d == 128 || d == 256);
+// What the CUDA kernels take beyond the contract's checks (checks.h).
+Error check_supported(const char* target, const AnyBuffer& q, int64_t d) {
+  const DataType dt = q.element_type();
+  if ((dt == DataType::BF16 || dt == DataType::F16) && (d == 64 || d == 128 || d == 256)) return Error::Success();
+  return invalid(target, std::string("q: the CUDA kernels take bfloat16 or float16 with head_dim 64, 128 or 256, got ") +
+                             dtype_name(dt) + dims_str(q));
 }
 
 // Query tile height: the routing ladder's choice, or from shapes when the op has no plan.
@@ -311,19 +309,11 @@ void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, i
   a.ws_lse = nullptr;
 }
 
-Error check_attrs(const char* target, int64_t mask, int64_t window) {
-  if (!mask_code_valid(mask)) return invalid(target, "bad mask code " + std::to_string(mask));
-  if (mask_needs_window(mask) && window <= 0) return invalid(target, "windowed mask needs window > 0");
-  return Error::Success();
-}
-
-Error set_workspace(const char* target, AttentionArgs& a, AnyResult ws_o, AnyResult ws_lse, int64_t rows) {
-  if (a.num_partitions <= 1) return Error::Success();
-  if (dim(*ws_o, 0) < a.num_partitions || dim(*ws_o, 1) != rows || dim(*ws_lse, 0) < a.num_partitions)
-    return invalid(target, "split-K workspace smaller than num_partitions");
+// The split-K workspaces, checked with the output (check_attention_output).
+void set_workspace(AttentionArgs& a, AnyResult ws_o, AnyResult ws_lse) {
+  if (a.num_partitions <= 1) return;
   a.ws_o = static_cast<float*>(ws_o->untyped_data());
   a.ws_lse = static_cast<float*>(ws_lse->untyped_data());
-  return Error::Success();
 }
 
 void fill_paged(AttentionArgs& a, const AnyBuffer& kv, const AnyBuffer& cache_lengths, const AnyBuffer& lut,
@@ -349,14 +339,21 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
                      int64_t has_sink, int64_t num_partitions, int64_t block_n, int64_t tile_m, AnyResult out,
                      AnyResult ws_o, AnyResult ws_lse) {
   const char* target = "msa_ops_mha_ragged_paged";
-  if (Error e = check_attrs(target, mask, window); e.failure()) return e;
-  const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(kv, 4);
-  if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
-  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(kv, 1) != 2 || dim(kv, 5) != D || dim(lut, 0) != B)
-    return invalid(target, "bad shapes");
+  if (rank(q) != 3) return invalid(target, "q: expected [T, H, D], got " + dims_str(q));
+  const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = count(cache_lengths), Hkv = dim(kv, 4);
+  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
+  if (auto e = check_mask(target, mask, window); e.failure()) return e;
+  if (block_n < 1) return invalid(target, "block_n: expected >= 1");
+  if (auto e = check_supported(target, q, D); e.failure()) return e;
+  if (auto e = check_paged_cache(target, q, kv, H, D, B, cache_lengths, lut, layer); e.failure()) return e;
+  if (auto e = check_sink(target, has_sink != 0, sink, q, H); e.failure()) return e;
+  if (auto e = check_attention_output(target, q.element_type(), q, *out, *ws_o, *ws_lse, T, H, D, num_partitions);
+      e.failure())
+    return e;
   // Query positions reach S_max + T - 1: the kernels' int32 key indices must hold them.
   if (dim(lut, 1) * dim(kv, 3) + T >= (int64_t{1} << 31))
     return invalid(target, "max_pages * page_size + query rows must be < 2^31");
+  if (auto e = check_int_count(target, "B (cache_lengths)", B); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
   a.out = out->untyped_data();
@@ -366,7 +363,7 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   a.q_offsets = static_cast<const int32_t*>(offsets.untyped_data());
   fill_paged(a, kv, cache_lengths, lut, layer);
   if (has_sink) a.sink = sink.untyped_data();
-  if (Error e = set_workspace(target, a, ws_o, ws_lse, T); e.failure()) return e;
+  set_workspace(a, ws_o, ws_lse);
   const int bm = tile_height(tile_m, T - B + 1, a.group, D, a);
   return dispatch_ragged(stream, q.element_type(), static_cast<int>(D), bm, a, T, B, target);
 }
@@ -376,14 +373,20 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
                      int64_t num_partitions, int64_t block_n, int64_t tile_m, AnyResult out, AnyResult ws_o,
                      AnyResult ws_lse) {
   const char* target = "msa_ops_mha_padded_paged";
-  if (Error e = check_attrs(target, mask, window); e.failure()) return e;
+  if (rank(q) != 4) return invalid(target, "q: expected [B, S, H, D], got " + dims_str(q));
   const int64_t B = dim(q, 0), S = dim(q, 1), H = dim(q, 2), D = dim(q, 3), Hkv = dim(kv, 4);
-  if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
-  if (Hkv < 1 || H % Hkv != 0 || dim(kv, 1) != 2 || dim(kv, 5) != D || dim(lut, 0) != B)
-    return invalid(target, "bad shapes");
+  if (auto e = check_index(target, "valid_lengths", valid_lengths, B); e.failure()) return e;
+  if (auto e = check_mask(target, mask, window); e.failure()) return e;
+  if (block_n < 1) return invalid(target, "block_n: expected >= 1");
+  if (auto e = check_supported(target, q, D); e.failure()) return e;
+  if (auto e = check_paged_cache(target, q, kv, H, D, B, cache_lengths, lut, layer); e.failure()) return e;
+  if (auto e = check_attention_output(target, q.element_type(), q, *out, *ws_o, *ws_lse, B * S, H, D, num_partitions);
+      e.failure())
+    return e;
   // Query positions reach S_max + S - 1: the kernels' int32 key indices must hold them.
   if (dim(lut, 1) * dim(kv, 3) + S >= (int64_t{1} << 31))
     return invalid(target, "max_pages * page_size + query rows must be < 2^31");
+  if (auto e = check_int_count(target, "B * S (q's rows)", B * S); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
   a.out = out->untyped_data();
@@ -393,7 +396,7 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   a.batch = static_cast<int>(B);
   a.valid_lengths = static_cast<const int32_t*>(valid_lengths.untyped_data());
   fill_paged(a, kv, cache_lengths, lut, layer);
-  if (Error e = set_workspace(target, a, ws_o, ws_lse, B * S); e.failure()) return e;
+  set_workspace(a, ws_o, ws_lse);
   const int bm = tile_height(tile_m, S, a.group, D, a);
   const int grid_x = static_cast<int>(query_tiles(a, bm));
   return dispatch(stream, q.element_type(), static_cast<int>(D), bm, a, grid_x, target);
@@ -402,12 +405,17 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
 Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer offsets,
                        AnyBuffer kv_offsets, int64_t mask, int64_t window, double scale, AnyResult out) {
   const char* target = "msa_ops_mha_ragged_no_cache";
-  if (Error e = check_attrs(target, mask, window); e.failure()) return e;
-  const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(k, 1);
-  if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
-  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(k, 2) != D || dim(kv_offsets, 0) != B + 1 ||
-      !same_shape(v, k) || v.element_type() != k.element_type())
-    return invalid(target, "bad shapes");
+  if (rank(q) != 3) return invalid(target, "q: expected [T, H, D], got " + dims_str(q));
+  const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = count(offsets) - 1, Hkv = dim(k, 1);
+  if (B < 0) return invalid(target, "input_row_offsets: expected at least one element");
+  if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
+  if (auto e = check_index(target, "kv_input_row_offsets", kv_offsets, B + 1); e.failure()) return e;
+  if (auto e = check_mask(target, mask, window); e.failure()) return e;
+  if (auto e = check_supported(target, q, D); e.failure()) return e;
+  if (auto e = check_no_cache_kv(target, q, k, v, 3, 1, H, D); e.failure()) return e;
+  if (auto e = check_attention_output(target, q.element_type(), q, *out, *out, *out, T, H, D, 1); e.failure()) return e;
+  if (auto e = check_int_count(target, "q's rows", T); e.failure()) return e;
+  if (auto e = check_int_count(target, "k's rows", dim(k, 0)); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, 1, 64);
   a.out = out->untyped_data();
@@ -427,12 +435,18 @@ Error MhaRaggedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
 Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer valid_length,
                        int64_t mask, int64_t window, double scale, AnyResult out) {
   const char* target = "msa_ops_mha_padded_no_cache";
-  if (Error e = check_attrs(target, mask, window); e.failure()) return e;
+  if (rank(q) != 4) return invalid(target, "q: expected [B, S, H, D], got " + dims_str(q));
   const int64_t B = dim(q, 0), S = dim(q, 1), H = dim(q, 2), D = dim(q, 3), Hkv = dim(k, 2);
-  if (!supported(q.element_type(), D)) return invalid(target, "unsupported dtype/head_dim");
-  if (Hkv < 1 || H % Hkv != 0 || dim(k, 3) != D || dim(k, 0) != B || !same_shape(v, k) ||
-      v.element_type() != k.element_type())
-    return invalid(target, "bad shapes");
+  if (rank(k) != 4 || dim(k, 0) != B)
+    return invalid(target, "k: expected [B, Sk, Hkv, D] with B = " + std::to_string(B) + ", got " + dims_str(k));
+  if (auto e = check_index(target, "valid_length", valid_length, B); e.failure()) return e;
+  if (auto e = check_mask(target, mask, window); e.failure()) return e;
+  if (auto e = check_supported(target, q, D); e.failure()) return e;
+  if (auto e = check_no_cache_kv(target, q, k, v, 4, 2, H, D); e.failure()) return e;
+  if (auto e = check_attention_output(target, q.element_type(), q, *out, *out, *out, B * S, H, D, 1); e.failure())
+    return e;
+  if (auto e = check_int_count(target, "B * S (q's rows)", B * S); e.failure()) return e;
+  if (auto e = check_int_count(target, "B * Sk (k's rows)", B * dim(k, 1)); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, 1, 64);
   a.out = out->untyped_data();

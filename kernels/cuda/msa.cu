@@ -23,6 +23,7 @@
 #include "attention.cuh"
 #include "msa_prefill_sm90.cuh"
 #include "msa_prefill_ws_sm90.cuh"
+#include "msa_ops/checks.h"
 #include "msa_ops/common.h"
 #include "msa_ops/ffi.h"
 #include "msa_ops/ffi_signatures.h"
@@ -807,18 +808,20 @@ Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffe
                    AnyBuffer cache_lengths, AnyBuffer lut, AnyBuffer layer, AnyBuffer d_indices, double scale,
                    int64_t num_partitions, int64_t max_q, AnyResult out, AnyResult ws_o, AnyResult ws_lse) {
   const char* target = "msa_ops_msa_attention";
-  (void)cache_row_offsets;  // accepted for MAX compatibility; not read (SEMANTICS.md §7)
-  const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = dim(offsets, 0) - 1, Hkv = dim(kv, 4);
+  // cache_row_offsets is accepted for MAX compatibility and checked, never read (SEMANTICS.md §7).
+  if (auto e = check_msa_operands(target, q, offsets, cache_row_offsets, kv, cache_lengths, lut, layer, d_indices,
+                                  *out, *ws_o, *ws_lse, num_partitions);
+      e.failure())
+    return e;
+  const int64_t T = dim(q, 0), H = dim(q, 1), B = count(cache_lengths), Hkv = dim(kv, 4);
   const DataType dt = q.element_type();
-  if (dt != kv.element_type() || (dt != DataType::BF16 && dt != DataType::F8E4M3FN))
-    return invalid(target, "q and kv_blocks must both be bf16 or both float8_e4m3fn");
-  if (D != kD || dim(kv, 3) != kBlock || dim(kv, 5) != kD) return invalid(target, "MSA needs head_dim 128, page 128");
-  if (B < 0 || Hkv < 1 || H % Hkv != 0 || dim(kv, 1) != 2 || dim(lut, 0) != B || dim(d_indices, 0) != Hkv ||
-      dim(d_indices, 1) != T)
-    return invalid(target, "bad shapes");
   const int64_t topk = dim(d_indices, 2);
-  if (topk > kMaxTopk) return invalid(target, "topk above " + std::to_string(kMaxTopk) + " is not supported on CUDA");
-  if (dim(lut, 1) * kBlock >= (int64_t{1} << 30)) return invalid(target, "max_pages * 128 must be < 2^30");
+  if (topk > kMaxTopk) return invalid(target, "d_indices: topk above " + std::to_string(kMaxTopk) + " is not supported on CUDA");
+  if (dim(lut, 1) * kBlock >= (int64_t{1} << 30))
+    return invalid(target, "kv_lookup_table: max_pages * 128 must be < 2^30, got " + dims_str(lut));
+  if (auto e = check_int_count(target, "q's rows", T); e.failure()) return e;
+  if (auto e = check_int_count(target, "B (cache_lengths)", B); e.failure()) return e;
+  if (auto e = check_int_count(target, "num_blocks (kv_blocks)", dim(kv, 0)); e.failure()) return e;
   MsaArgs m{};
   m.q = q.untyped_data();
   m.out = static_cast<__nv_bfloat16*>(out->untyped_data());
@@ -840,9 +843,7 @@ Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffe
   m.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   m.num_partitions = static_cast<int>(iclamp(num_partitions, 1, kMaxPartitions));
   m.max_q = static_cast<int>(iclamp(max_q, 0, int64_t{1} << 30));
-  if (m.num_partitions > 1) {
-    if (dim(*ws_o, 0) < m.num_partitions || dim(*ws_lse, 0) < m.num_partitions)
-      return invalid(target, "split-K workspace smaller than num_partitions");
+  if (m.num_partitions > 1) {  // the workspaces were checked with the output
     m.ws_o = static_cast<float*>(ws_o->untyped_data());
     m.ws_lse = static_cast<float*>(ws_lse->untyped_data());
   }
