@@ -45,11 +45,14 @@ SANITIZE_K=${SANITIZE_K:-"store and 0-prefill or row_offsets or bad_values or pa
 or many_sequences and wgmma_ws or many_sequences and wgmma_pair or item_order or head_dim_256_other"}
 want sanitizer && step sanitizer timeout 400 compute-sanitizer --tool memcheck --error-exitcode 7 $PY -m pytest -m gpu -q \
   -p no:cacheprovider tests/test_gpu.py -k "$SANITIZE_K"
+# Direct FFI calls with buffers out of contract, each buffer its own allocation so that an access past one shows.
+want sanitizer && XLA_PYTHON_CLIENT_ALLOCATOR=platform step sanitizer_ffi timeout 300 compute-sanitizer --tool memcheck \
+  --error-exitcode 7 $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_raw_ffi_checks.py
 
 echo
 echo "| step | result |"
 echo "| --- | --- |"
-for k in build info pytest_gpu pytest_cpu_native demo "${BENCHES[@]}" sanitizer; do
+for k in build info pytest_gpu pytest_cpu_native demo "${BENCHES[@]}" sanitizer sanitizer_ffi; do
   echo "| $k | ${STATUS[$k]:-skipped} | $(grep -E 'passed|failed|ERROR SUMMARY|result:' "$OUT/$k.log" 2>/dev/null | tail -n 1) |"
 done
 for f in "$OUT"/*.md; do [ -e "$f" ] && cat "$f"; done
