@@ -53,6 +53,21 @@ def test_call_by_name_equals_wrapper():
     assert not np.allclose(np.asarray(a), np.asarray(c))
 
 
+@pytest.mark.parametrize("transform", ["grad", "jvp"])
+def test_no_differentiation_rule(transform):
+    """README: inference ops; differentiating through one raises JAX's NotImplementedError naming the op."""
+    q, *rest = _paged_case()
+
+    def f(x):
+        return msa_ops.mha_ragged_paged(x, *rest).sum()
+
+    with pytest.raises(NotImplementedError, match="mo.mha.ragged.paged"):
+        if transform == "grad":
+            jax.grad(f)(q)
+        else:
+            jax.jvp(f, (q,), (q,))
+
+
 def test_mask_aliases_with_mask_suffix():
     args = _paged_case()
     a = msa_ops.mha_ragged_paged(*args, mask_str="causal_mask", implementation="reference")
