@@ -123,6 +123,10 @@ CASES = [
     ("rp-ws-o-bf16", "rp", {}, {}, dict(ws_o=((NP, T, H, D), BF16)), "ws_o"),
     ("rp-ws-lse-rank1", "rp", {}, {}, dict(ws_lse=((NP,), F32)), "ws_lse"),
     ("rp-num-partitions-0", "rp", {}, dict(num_partitions=0), {}, "num_partitions"),
+    # head dim 0 leaves q empty whatever T and H are: 8 * T * H = 2^64 + 8 wrapped onto 8 workspace entries
+    ("rp-ws-count-wraps", "rp", dict(q=_f((2**61 + 1, 1, 0), BF16), kv_blocks=_f((NB, 2, L, P, 1, 0), BF16),
+                                     sink_weights=_f((1,), BF16)), dict(num_partitions=8),
+     dict(out=((2**61 + 1, 1, 0), BF16), ws_o=((0,), F32), ws_lse=((8,), F32)), "q, ws_lse"),
     ("rp-block-n-0", "rp", {}, dict(block_n=0), {}, "block_n"),
     ("rp-mask-9", "rp", {}, dict(mask=9), {}, "mask"),
     ("rp-window-0", "rp", {}, dict(mask=2, window=0), {}, "window"),

@@ -213,7 +213,9 @@ Error MhaPaddedPaged(AnyBuffer q, AnyBuffer kv, AnyBuffer cache_lengths, AnyBuff
   if (block_n < 1) return invalid(target, "block_n: expected >= 1");
   MhaProblem pr = make_problem(q, H, D, mask, window, scale, block_n);
   if (auto e = setup_paged(target, pr, q, kv, B, cache_lengths, table, layer); e.failure()) return e;
-  if (auto e = setup_output(target, pr.out, pr.dtype, q, out, ws_o, ws_lse, B * S, H, D, num_partitions); e.failure()) return e;
+  int64_t rows = 0;
+  if (auto e = padded_rows(target, q, &rows); e.failure()) return e;
+  if (auto e = setup_output(target, pr.out, pr.dtype, q, out, ws_o, ws_lse, rows, H, D, num_partitions); e.failure()) return e;
   const int32_t* cl = idx(cache_lengths);
   const int32_t* vl = idx(valid_lengths);
   std::vector<SeqDesc> seqs;
@@ -277,7 +279,9 @@ Error MhaPaddedNoCache(AnyBuffer q, AnyBuffer k, AnyBuffer v, AnyBuffer valid_le
   if (auto e = check_mask(target, mask, window); e.failure()) return e;
   MhaProblem pr = make_problem(q, H, D, mask, window, scale, kSplitKBlockN);
   if (auto e = setup_no_cache(target, pr, q, k, v, 2); e.failure()) return e;
-  if (auto e = setup_output(target, pr.out, pr.dtype, q, out, out, out, B * S, H, D, 1); e.failure()) return e;
+  int64_t rows = 0;
+  if (auto e = padded_rows(target, q, &rows); e.failure()) return e;
+  if (auto e = setup_output(target, pr.out, pr.dtype, q, out, out, out, rows, H, D, 1); e.failure()) return e;
   const int32_t* vl = idx(valid_length);
   std::vector<SeqDesc> seqs;
   for (int64_t b = 0; b < B; ++b) {

@@ -380,13 +380,15 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   if (block_n < 1) return invalid(target, "block_n: expected >= 1");
   if (auto e = check_supported(target, q, D); e.failure()) return e;
   if (auto e = check_paged_cache(target, q, kv, H, D, B, cache_lengths, lut, layer); e.failure()) return e;
-  if (auto e = check_attention_output(target, q.element_type(), q, *out, *ws_o, *ws_lse, B * S, H, D, num_partitions);
+  int64_t rows = 0;
+  if (auto e = padded_rows(target, q, &rows); e.failure()) return e;
+  if (auto e = check_attention_output(target, q.element_type(), q, *out, *ws_o, *ws_lse, rows, H, D, num_partitions);
       e.failure())
     return e;
   // Query positions reach S_max + S - 1: the kernels' int32 key indices must hold them.
   if (dim(lut, 1) * dim(kv, 3) + S >= (int64_t{1} << 31))
     return invalid(target, "max_pages * page_size + query rows must be < 2^31");
-  if (auto e = check_int_count(target, "B * S (q's rows)", B * S); e.failure()) return e;
+  if (auto e = check_int_count(target, "B * S (q's rows)", rows); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
   a.out = out->untyped_data();
@@ -443,10 +445,13 @@ Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   if (auto e = check_mask(target, mask, window); e.failure()) return e;
   if (auto e = check_supported(target, q, D); e.failure()) return e;
   if (auto e = check_no_cache_kv(target, q, k, v, 4, 2, H, D); e.failure()) return e;
-  if (auto e = check_attention_output(target, q.element_type(), q, *out, *out, *out, B * S, H, D, 1); e.failure())
+  int64_t rows = 0, k_rows = 0;
+  if (auto e = padded_rows(target, q, &rows); e.failure()) return e;
+  if (auto e = padded_rows(target, k, &k_rows); e.failure()) return e;
+  if (auto e = check_attention_output(target, q.element_type(), q, *out, *out, *out, rows, H, D, 1); e.failure())
     return e;
-  if (auto e = check_int_count(target, "B * S (q's rows)", B * S); e.failure()) return e;
-  if (auto e = check_int_count(target, "B * Sk (k's rows)", B * dim(k, 1)); e.failure()) return e;
+  if (auto e = check_int_count(target, "B * S (q's rows)", rows); e.failure()) return e;
+  if (auto e = check_int_count(target, "B * Sk (k's rows)", k_rows); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, 1, 64);
   a.out = out->untyped_data();

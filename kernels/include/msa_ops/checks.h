@@ -116,22 +116,38 @@ inline Error check_no_cache_kv(const char* target, const AnyBuffer& q, const Any
   return Error::Success();
 }
 
+// a * b for a, b >= 0, false where the product would pass INT64_MAX (a direct call's dims: an empty q, D = 0, may
+// carry any T and H, and np * T * H could wrap onto the element count of a small workspace).
+inline bool mul_fits(int64_t a, int64_t b, int64_t* r) {
+  if (a < 0 || b < 0 || (a != 0 && b > INT64_MAX / a)) return false;
+  *r = a * b;
+  return true;
+}
+
+// q[B, S, H, D]'s rows, B * S, where it fits in int64 (an empty q may carry any B and S).
+inline Error padded_rows(const char* target, const AnyBuffer& q, int64_t* rows) {
+  if (!mul_fits(dim(q, 0), dim(q, 1), rows)) return invalid(target, "q: B * S must fit in int64, got " + dims_str(q));
+  return Error::Success();
+}
+
 // The attention output (`rows` x H x D in `dt`) and, split (np > 1), the float32 workspaces ws_o[np, rows, H, D]
 // and ws_lse[np, rows, H].
 inline Error check_attention_output(const char* target, DataType dt, const AnyBuffer& q, const AnyBuffer& out,
                                     const AnyBuffer& ws_o, const AnyBuffer& ws_lse, int64_t rows, int64_t H, int64_t D,
                                     int64_t np) {
-  if (out.element_type() != dt || count(out) != rows * H * D)
+  int64_t rows_h = 0, elems = 0;
+  if (!mul_fits(rows, H, &rows_h) || !mul_fits(rows_h, D, &elems) || out.element_type() != dt || count(out) != elems)
     return invalid(target, std::string("out: expected ") + dtype_name(dt) + " of q's shape " + dims_str(q) + ", got " +
                                dtype_name(out.element_type()) + dims_str(out));
   if (np < 1 || np > kMaxPartitions)
     return invalid(target, "num_partitions: expected 1 to " + std::to_string(kMaxPartitions) + ", got " +
                                std::to_string(np));
   if (np == 1) return Error::Success();
-  if (ws_o.element_type() != DataType::F32 || count(ws_o) != np * rows * H * D)
+  int64_t ws_o_n = 0, ws_lse_n = 0;
+  if (!mul_fits(np, elems, &ws_o_n) || ws_o.element_type() != DataType::F32 || count(ws_o) != ws_o_n)
     return invalid(target, "ws_o: expected float32[" + std::to_string(np) + "," + std::to_string(rows) + "," +
                                std::to_string(H) + "," + std::to_string(D) + "], got " + dims_str(ws_o));
-  if (ws_lse.element_type() != DataType::F32 || count(ws_lse) != np * rows * H)
+  if (!mul_fits(np, rows_h, &ws_lse_n) || ws_lse.element_type() != DataType::F32 || count(ws_lse) != ws_lse_n)
     return invalid(target, "ws_lse: expected float32[" + std::to_string(np) + "," + std::to_string(rows) + "," +
                                std::to_string(H) + "], got " + dims_str(ws_lse));
   return Error::Success();
