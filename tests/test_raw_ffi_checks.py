@@ -241,21 +241,30 @@ def test_raw_ffi_rejects(platform, case):
     assert any(n in msg for n in name.split(", ")), f"{cid}: the error does not name {name!r}: {msg[:300]}"
 
 
-@pytest.mark.parametrize("op", ["ragged_paged", "no_cache", "msa", "indexer"])
-def test_zero_query_heads_rejected_at_trace_time(op):
-    """H = 0 (or Hi = 0) is a shape error at trace time, naming q (the CPU handler divided by the group before)."""
-    kv = np.ones((4, 2, 1, 16, 2, 64), BF16)
+@pytest.mark.parametrize("axis", ["heads", "head_dim"])
+@pytest.mark.parametrize("op", ["ragged_paged", "padded_paged", "ragged_no_cache", "padded_no_cache", "msa", "indexer"])
+def test_empty_heads_or_head_dim_rejected_at_trace_time(op, axis):
+    """H = 0 (Hi = 0) or a head dim of 0 is a shape error at trace time naming q (before, the reference raised
+    ZeroDivisionError from the default scale or the group, and the CPU handler divided by the group)."""
+    h, d = (0, 64) if axis == "heads" else (4, 0)
+    kv = np.ones((4, 2, 1, 16, 2, d), BF16)
     offs, cl, lut = np.array([0, 1, 3], np.int32), np.array([5, 7], np.int32), np.array([[0, 1], [2, 3]], np.int32)
     with pytest.raises(OpShapeError, match="'q'"):
         if op == "ragged_paged":
-            msa_ops.mha_ragged_paged(np.zeros((3, 0, 64), BF16), offs, kv, cl, lut, 0)
-        elif op == "no_cache":
-            msa_ops.mha_ragged_no_cache(np.zeros((3, 0, 64), BF16), np.ones((3, 2, 64), BF16),
-                                        np.ones((3, 2, 64), BF16), offs)
+            msa_ops.mha_ragged_paged(np.zeros((3, h, d), BF16), offs, kv, cl, lut, 0)
+        elif op == "padded_paged":
+            msa_ops.mha_padded_paged(np.zeros((2, 3, h, d), BF16), kv, cl, lut, 0, np.array([1, 2], np.int32))
+        elif op == "ragged_no_cache":
+            msa_ops.mha_ragged_no_cache(np.zeros((3, h, d), BF16), np.ones((3, 2, d), BF16), np.ones((3, 2, d), BF16),
+                                        offs)
+        elif op == "padded_no_cache":
+            msa_ops.mha_padded_no_cache(np.zeros((2, 3, h, d), BF16), np.ones((2, 3, 2, d), BF16),
+                                        np.ones((2, 3, 2, d), BF16), np.array([1, 2], np.int32))
         elif op == "msa":
-            msa_ops.msa_attention_ragged_paged(np.zeros((3, 0, 128), BF16), offs, None,
+            msa_ops.msa_attention_ragged_paged(np.zeros((3, h, 128 if axis == "heads" else 0), BF16), offs, None,
                                                np.ones((4, 2, 1, 128, 2, 128), BF16), cl, lut, 0,
                                                np.zeros((2, 3, 2), np.int32))
         else:
-            msa_ops.msa_indexer_ragged_paged(np.zeros((3, 0, 32), BF16), offs, np.ones((4, 1, 1, 128, 1, 32), BF16),
+            di = 32 if axis == "heads" else 0
+            msa_ops.msa_indexer_ragged_paged(np.zeros((3, h, di), BF16), offs, np.ones((4, 1, 1, 128, 1, di), BF16),
                                              cl, lut, 0, topk=2)

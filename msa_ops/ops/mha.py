@@ -97,6 +97,7 @@ RAGGED_PAGED = ("q", "input_row_offsets", "kv_blocks", "cache_lengths", "kv_look
 def _ragged_paged_check(op: str, q, offsets, kv, cache_lengths, lookup, layer_idx, sink=None):
     c = Check(op)
     c.rank("q", q, 3, "[T, H, D]")
+    c.nonempty("q", q, q.ndim - 1, "head_dim")
     c.dtype("q", q, FLOATS)
     t, h, d = q.shape
     b = c.offsets("input_row_offsets", offsets)
@@ -211,6 +212,7 @@ _PP = "mo.mha.padded.paged"
 def _padded_paged_check(q, kv, cache_lengths, lookup, layer_idx, valid_lengths):
     c = Check(_PP)
     c.rank("q", q, 4, "[B, S, H, D]")
+    c.nonempty("q", q, q.ndim - 1, "head_dim")
     c.dtype("q", q, FLOATS)
     b, _s, h, d = q.shape
     _check_paged_cache(c, kv, "q", q, d, b, cache_lengths, lookup, layer_idx)
@@ -304,6 +306,7 @@ def _check_kv_pair(c: Check, k, v, rank: int, layout: str, q, d: int):
 def _ragged_no_cache_abstract(q, k, v, offsets, kv_offsets, *, attrs):
     c = Check(_RN)
     c.rank("q", q, 3, "[T, H, D]")
+    c.nonempty("q", q, q.ndim - 1, "head_dim")
     c.dtype("q", q, FLOATS)
     _check_kv_pair(c, k, v, 3, "[Tk, Hkv, D]", q, q.shape[2])
     b = c.offsets("input_row_offsets", offsets)
@@ -341,6 +344,7 @@ MHA_RAGGED_NO_CACHE = register(OpDef(
 def _padded_no_cache_abstract(q, k, v, valid_length, *, attrs):
     c = Check(_PN)
     c.rank("q", q, 4, "[B, S, H, D]")
+    c.nonempty("q", q, q.ndim - 1, "head_dim")
     c.dtype("q", q, FLOATS)
     _check_kv_pair(c, k, v, 4, "[B, Sk, Hkv, D]", q, q.shape[3])
     c.dim("k", k, 0, q.shape[0], "B of 'q'")

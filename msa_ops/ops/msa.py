@@ -164,6 +164,7 @@ def _ix_abstract(q, offsets, k_blocks, k_cache_lengths, k_lookup, layer_idx, *, 
     c.rank("q", q, 3, "[T, Hi, Di]")
     c.dtype("q", q, INDEXER_DTYPES)
     c.nonempty("q", q, 1, "Hi (index heads)")
+    c.nonempty("q", q, 2, "Di (index head dim)")
     t, hi, di = q.shape
     b = c.offsets("input_row_offsets", offsets)
     c.rank("k_blocks", k_blocks, 6, "[num_blocks, 1, num_layers, 128, 1, Di]")
