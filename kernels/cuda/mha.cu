@@ -351,8 +351,10 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
       e.failure())
     return e;
   // Query positions reach S_max + T - 1: the kernels' int32 key indices must hold them.
-  if (dim(lut, 1) * dim(kv, 3) + T >= (int64_t{1} << 31))
-    return invalid(target, "max_pages * page_size + query rows must be < 2^31");
+  int64_t s_max = 0;  // (an empty pool or page table may carry any width: the product must not wrap)
+  if (!mul_fits(dim(lut, 1), dim(kv, 3), &s_max) || s_max >= (int64_t{1} << 31) - T)
+    return invalid(target, "kv_lookup_table: max_pages * page_size + query rows must be < 2^31, got max_pages " +
+                               std::to_string(dim(lut, 1)) + ", page_size " + std::to_string(dim(kv, 3)));
   if (auto e = check_int_count(target, "B (cache_lengths)", B); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
@@ -386,8 +388,10 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
       e.failure())
     return e;
   // Query positions reach S_max + S - 1: the kernels' int32 key indices must hold them.
-  if (dim(lut, 1) * dim(kv, 3) + S >= (int64_t{1} << 31))
-    return invalid(target, "max_pages * page_size + query rows must be < 2^31");
+  int64_t s_max = 0;  // (an empty pool or page table may carry any width: the product must not wrap)
+  if (!mul_fits(dim(lut, 1), dim(kv, 3), &s_max) || s_max >= (int64_t{1} << 31) - S)
+    return invalid(target, "kv_lookup_table: max_pages * page_size + query rows must be < 2^31, got max_pages " +
+                               std::to_string(dim(lut, 1)) + ", page_size " + std::to_string(dim(kv, 3)));
   if (auto e = check_int_count(target, "B * S (q's rows)", rows); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);

@@ -817,7 +817,7 @@ Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffe
   const DataType dt = q.element_type();
   const int64_t topk = dim(d_indices, 2);
   if (topk > kMaxTopk) return invalid(target, "d_indices: topk above " + std::to_string(kMaxTopk) + " is not supported on CUDA");
-  if (dim(lut, 1) * kBlock >= (int64_t{1} << 30))
+  if (dim(lut, 1) >= (int64_t{1} << 30) / kBlock)
     return invalid(target, "kv_lookup_table: max_pages * 128 must be < 2^30, got " + dims_str(lut));
   if (auto e = check_int_count(target, "q's rows", T); e.failure()) return e;
   if (auto e = check_int_count(target, "B (cache_lengths)", B); e.failure()) return e;
