@@ -147,30 +147,3 @@ def test_cuda_head_dims_native_or_reference(d, ok):
     assert (why is None) == ok, why
     if not ok:
         assert str(d) in why
-
-
-@pytest.mark.parametrize("op_name,ok", [("mo.mha.ragged.paged", True), ("mo.mha.ragged.paged", False),
-                                        ("mo.mha.padded.paged", True), ("mo.mha.padded.paged", False),
-                                        ("mo.msa.attention.ragged.paged", True),
-                                        ("mo.msa.attention.ragged.paged", False)])
-def test_cuda_key_range_native_or_reference(op_name, ok):
-    """A page table whose positions pass the CUDA kernels' int32 key indices (max_pages * page_size + query rows
-    >= 2^31; MSA: max_pages * 128 >= 2^30) lowers to the reference under `auto` instead of failing in the handler."""
-    op = msa_ops.get_op(op_name)
-    bf = jnp.bfloat16
-    if op_name == "mo.msa.attention.ragged.paged":
-        mp = 2**23 - 1 if ok else 2**23
-        avals = (SDS((4, 8, 128), bf), SDS((3,), jnp.int32), SDS((3,), jnp.int32), SDS((9, 2, 1, 128, 2, 128), bf),
-                 SDS((2,), jnp.int32), SDS((2, mp), jnp.int32), SDS((), jnp.int32), SDS((2, 4, 16), jnp.int32))
-    elif op_name == "mo.mha.ragged.paged":
-        mp = (2**31 - 4) // 16 if ok else (2**31 - 3) // 16 + 1
-        avals = (SDS((4, 8, 128), bf), SDS((3,), jnp.int32), SDS((9, 2, 1, 16, 2, 128), bf), SDS((2,), jnp.int32),
-                 SDS((2, mp), jnp.int32), SDS((), jnp.int32))
-    else:
-        mp = (2**31 - 4) // 16 if ok else (2**31 - 3) // 16 + 1
-        avals = (SDS((2, 4, 8, 128), bf), SDS((9, 2, 1, 16, 2, 128), bf), SDS((2,), jnp.int32),
-                 SDS((2, mp), jnp.int32), SDS((), jnp.int32), SDS((2,), jnp.int32))
-    attrs = msa_ops.registry.normalize_call_attrs(op, {} if "msa" in op_name else {"mask_str": "causal"})[0]
-    why = op.native_supports(*avals, attrs=attrs, platform="cuda")
-    assert (why is None) == ok, why
-    assert op.native_supports(*avals, attrs=attrs, platform="cpu") is None

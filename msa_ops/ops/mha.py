@@ -80,22 +80,6 @@ def _native_supports(*avals, attrs, platform) -> str | None:
     return None
 
 
-def _paged_native_supports(kv_at: int, lut_at: int, rows_axis: int):
-    """_native_supports, and on CUDA the kernels' int32 key indices: query positions reach
-    max_pages * page_size + (a sequence's rows) - 1, which must stay below 2^31 (the handler's bound)."""
-
-    def supports(*avals, attrs, platform) -> str | None:
-        why = _native_supports(*avals, attrs=attrs, platform=platform)
-        if why is None and platform == "cuda":
-            s_max = avals[lut_at].shape[1] * avals[kv_at].shape[3]
-            if s_max + avals[0].shape[rows_axis] >= 2**31:
-                return f"the CUDA kernels take max_pages * page_size + query rows < 2^31, got {s_max} + " \
-                       f"{avals[0].shape[rows_axis]}"
-        return why
-
-    return supports
-
-
 def _attrs_for_ffi(attrs, d: int) -> dict[str, Any]:
     return {
         "mask": np.int64(MASK_CODES[attrs.mask_str]),
@@ -205,7 +189,7 @@ def _define_ragged_paged(name: str, with_sink: bool, doc: str) -> OpDef:
         native=_ragged_paged_native(name),
         ffi_target="msa_ops_mha_ragged_paged",
         plan=_ragged_paged_plan(name),
-        native_supports=_paged_native_supports(2, 4, 0),
+        native_supports=_native_supports,
         doc=doc,
     ))
 
@@ -290,7 +274,7 @@ MHA_PADDED_PAGED = register(OpDef(
     native=_padded_paged_native,
     ffi_target="msa_ops_mha_padded_paged",
     plan=_padded_paged_plan,
-    native_supports=_paged_native_supports(1, 3, 1),
+    native_supports=_native_supports,
     doc="Padded queries [B, S, H, D] attending to a paged KV cache.",
 ))
 

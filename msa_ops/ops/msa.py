@@ -82,8 +82,6 @@ def _msa_native_supports(*avals, attrs, platform) -> str | None:
     topk = avals[7].shape[2]
     if platform == "cuda" and topk > CUDA_MAX_TOPK:
         return f"the CUDA kernel takes topk <= {CUDA_MAX_TOPK}, got {topk}"
-    if platform == "cuda" and avals[5].shape[1] * BLOCK >= 2**30:
-        return f"the CUDA kernel takes max_pages * 128 < 2^30, got max_pages {avals[5].shape[1]}"
     return None
 
 
