@@ -302,11 +302,30 @@ void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, i
   a.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   a.rescale_slack_log2 = rescale_slack_log2();
   a.wg_tail_skip = env_switch("MSA_OPS_WG_TAIL_SKIP") != 0;
-  a.num_partitions = static_cast<int>(iclamp(num_partitions, 1, kMaxPartitions));
+  a.num_partitions = static_cast<int>(num_partitions);  // in [1, kMaxPartitions]: check_attention_output
   a.split_block_n = static_cast<int>(iclamp(block_n, 1, 1 << 20));
   a.sink = nullptr;
   a.ws_o = nullptr;
   a.ws_lse = nullptr;
+}
+
+// The checks both paged handlers make of the attributes and the pool, between their own operands' and the output's.
+Error check_paged_call(const char* target, const AnyBuffer& q, const AnyBuffer& kv, int64_t H, int64_t D, int64_t B,
+                       const AnyBuffer& cache_lengths, const AnyBuffer& lut, const AnyBuffer& layer, int64_t mask,
+                       int64_t window, int64_t block_n) {
+  if (auto e = check_mask(target, mask, window); e.failure()) return e;
+  if (block_n < 1) return invalid(target, "block_n: expected >= 1");
+  if (auto e = check_supported(target, q, D); e.failure()) return e;
+  return check_paged_cache(target, q, kv, H, D, B, cache_lengths, lut, layer);
+}
+
+// Query positions reach S_max + rows - 1 (rows: T ragged, S padded): the kernels' int32 key indices must hold them.
+Error check_key_positions(const char* target, const AnyBuffer& lut, const AnyBuffer& kv, int64_t rows) {
+  int64_t s_max = 0;  // (an empty pool or page table may carry any width: the product must not wrap)
+  if (!mul_fits(dim(lut, 1), dim(kv, 3), &s_max) || s_max >= (int64_t{1} << 31) - rows)
+    return invalid(target, "kv_lookup_table: max_pages * page_size + query rows must be < 2^31, got max_pages " +
+                               std::to_string(dim(lut, 1)) + ", page_size " + std::to_string(dim(kv, 3)));
+  return Error::Success();
 }
 
 // The split-K workspaces, checked with the output (check_attention_output).
@@ -342,19 +361,14 @@ Error MhaRaggedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuf
   if (rank(q) != 3) return invalid(target, "q: expected [T, H, D], got " + dims_str(q));
   const int64_t T = dim(q, 0), H = dim(q, 1), D = dim(q, 2), B = count(cache_lengths), Hkv = dim(kv, 4);
   if (auto e = check_index(target, "input_row_offsets", offsets, B + 1); e.failure()) return e;
-  if (auto e = check_mask(target, mask, window); e.failure()) return e;
-  if (block_n < 1) return invalid(target, "block_n: expected >= 1");
-  if (auto e = check_supported(target, q, D); e.failure()) return e;
-  if (auto e = check_paged_cache(target, q, kv, H, D, B, cache_lengths, lut, layer); e.failure()) return e;
+  if (auto e = check_paged_call(target, q, kv, H, D, B, cache_lengths, lut, layer, mask, window, block_n);
+      e.failure())
+    return e;
   if (auto e = check_sink(target, has_sink != 0, sink, q, H); e.failure()) return e;
   if (auto e = check_attention_output(target, q.element_type(), q, *out, *ws_o, *ws_lse, T, H, D, num_partitions);
       e.failure())
     return e;
-  // Query positions reach S_max + T - 1: the kernels' int32 key indices must hold them.
-  int64_t s_max = 0;  // (an empty pool or page table may carry any width: the product must not wrap)
-  if (!mul_fits(dim(lut, 1), dim(kv, 3), &s_max) || s_max >= (int64_t{1} << 31) - T)
-    return invalid(target, "kv_lookup_table: max_pages * page_size + query rows must be < 2^31, got max_pages " +
-                               std::to_string(dim(lut, 1)) + ", page_size " + std::to_string(dim(kv, 3)));
+  if (auto e = check_key_positions(target, lut, kv, T); e.failure()) return e;
   if (auto e = check_int_count(target, "B (cache_lengths)", B); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
@@ -378,26 +392,21 @@ Error MhaPaddedPaged(cudaStream_t stream, AnyBuffer q, AnyBuffer kv, AnyBuffer c
   if (rank(q) != 4) return invalid(target, "q: expected [B, S, H, D], got " + dims_str(q));
   const int64_t B = dim(q, 0), S = dim(q, 1), H = dim(q, 2), D = dim(q, 3), Hkv = dim(kv, 4);
   if (auto e = check_index(target, "valid_lengths", valid_lengths, B); e.failure()) return e;
-  if (auto e = check_mask(target, mask, window); e.failure()) return e;
-  if (block_n < 1) return invalid(target, "block_n: expected >= 1");
-  if (auto e = check_supported(target, q, D); e.failure()) return e;
-  if (auto e = check_paged_cache(target, q, kv, H, D, B, cache_lengths, lut, layer); e.failure()) return e;
+  if (auto e = check_paged_call(target, q, kv, H, D, B, cache_lengths, lut, layer, mask, window, block_n);
+      e.failure())
+    return e;
   int64_t rows = 0;
   if (auto e = padded_rows(target, q, &rows); e.failure()) return e;
   if (auto e = check_attention_output(target, q.element_type(), q, *out, *ws_o, *ws_lse, rows, H, D, num_partitions);
       e.failure())
     return e;
-  // Query positions reach S_max + S - 1: the kernels' int32 key indices must hold them.
-  int64_t s_max = 0;  // (an empty pool or page table may carry any width: the product must not wrap)
-  if (!mul_fits(dim(lut, 1), dim(kv, 3), &s_max) || s_max >= (int64_t{1} << 31) - S)
-    return invalid(target, "kv_lookup_table: max_pages * page_size + query rows must be < 2^31, got max_pages " +
-                               std::to_string(dim(lut, 1)) + ", page_size " + std::to_string(dim(kv, 3)));
+  if (auto e = check_key_positions(target, lut, kv, S); e.failure()) return e;
   if (auto e = check_int_count(target, "B * S (q's rows)", rows); e.failure()) return e;
   AttentionArgs a{};
   fill_common(a, q, H, Hkv, mask, window, scale, num_partitions, block_n);
   a.out = out->untyped_data();
   a.q_mode = kQPadded;
-  a.total_rows = static_cast<int>(B * S);
+  a.total_rows = static_cast<int>(rows);
   a.seq_rows = static_cast<int>(S);
   a.batch = static_cast<int>(B);
   a.valid_lengths = static_cast<const int32_t*>(valid_lengths.untyped_data());
@@ -460,7 +469,7 @@ Error MhaPaddedNoCache(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer 
   fill_common(a, q, H, Hkv, mask, window, scale, 1, 64);
   a.out = out->untyped_data();
   a.q_mode = kQPadded;
-  a.total_rows = static_cast<int>(B * S);
+  a.total_rows = static_cast<int>(rows);
   a.seq_rows = static_cast<int>(S);
   a.batch = static_cast<int>(B);
   a.valid_lengths = static_cast<const int32_t*>(valid_length.untyped_data());

@@ -841,7 +841,7 @@ Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffe
   m.num_layers = static_cast<int>(dim(kv, 2));
   m.max_pages = static_cast<int>(dim(lut, 1));
   m.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  m.num_partitions = static_cast<int>(iclamp(num_partitions, 1, kMaxPartitions));
+  m.num_partitions = static_cast<int>(num_partitions);  // in [1, kMaxPartitions]: check_attention_output
   m.max_q = static_cast<int>(iclamp(max_q, 0, int64_t{1} << 30));
   if (m.num_partitions > 1) {  // the workspaces were checked with the output
     m.ws_o = static_cast<float*>(ws_o->untyped_data());
