@@ -94,11 +94,16 @@ def _attrs_for_ffi(attrs, d: int) -> dict[str, Any]:
 RAGGED_PAGED = ("q", "input_row_offsets", "kv_blocks", "cache_lengths", "kv_lookup_table", "layer_idx")
 
 
+def _check_q(c: Check, q: ShapedArray, ndim: int, layout: str) -> None:
+    """q of every dense op: its rank, a head dim of at least 1, a float dtype."""
+    c.rank("q", q, ndim, layout)
+    c.nonempty("q", q, ndim - 1, "head_dim")
+    c.dtype("q", q, FLOATS)
+
+
 def _ragged_paged_check(op: str, q, offsets, kv, cache_lengths, lookup, layer_idx, sink=None):
     c = Check(op)
-    c.rank("q", q, 3, "[T, H, D]")
-    c.nonempty("q", q, q.ndim - 1, "head_dim")
-    c.dtype("q", q, FLOATS)
+    _check_q(c, q, 3, "[T, H, D]")
     t, h, d = q.shape
     b = c.offsets("input_row_offsets", offsets)
     _check_paged_cache(c, kv, "q", q, d, b, cache_lengths, lookup, layer_idx)
@@ -211,9 +216,7 @@ _PP = "mo.mha.padded.paged"
 
 def _padded_paged_check(q, kv, cache_lengths, lookup, layer_idx, valid_lengths):
     c = Check(_PP)
-    c.rank("q", q, 4, "[B, S, H, D]")
-    c.nonempty("q", q, q.ndim - 1, "head_dim")
-    c.dtype("q", q, FLOATS)
+    _check_q(c, q, 4, "[B, S, H, D]")
     b, _s, h, d = q.shape
     _check_paged_cache(c, kv, "q", q, d, b, cache_lengths, lookup, layer_idx)
     c.same_dtype("kv_blocks", kv, "q", q)
@@ -305,9 +308,7 @@ def _check_kv_pair(c: Check, k, v, rank: int, layout: str, q, d: int):
 
 def _ragged_no_cache_abstract(q, k, v, offsets, kv_offsets, *, attrs):
     c = Check(_RN)
-    c.rank("q", q, 3, "[T, H, D]")
-    c.nonempty("q", q, q.ndim - 1, "head_dim")
-    c.dtype("q", q, FLOATS)
+    _check_q(c, q, 3, "[T, H, D]")
     _check_kv_pair(c, k, v, 3, "[Tk, Hkv, D]", q, q.shape[2])
     b = c.offsets("input_row_offsets", offsets)
     c.offsets("kv_input_row_offsets", kv_offsets, b)
@@ -343,9 +344,7 @@ MHA_RAGGED_NO_CACHE = register(OpDef(
 
 def _padded_no_cache_abstract(q, k, v, valid_length, *, attrs):
     c = Check(_PN)
-    c.rank("q", q, 4, "[B, S, H, D]")
-    c.nonempty("q", q, q.ndim - 1, "head_dim")
-    c.dtype("q", q, FLOATS)
+    _check_q(c, q, 4, "[B, S, H, D]")
     _check_kv_pair(c, k, v, 4, "[B, Sk, Hkv, D]", q, q.shape[3])
     c.dim("k", k, 0, q.shape[0], "B of 'q'")
     c.per_sequence("valid_length", valid_length, q.shape[0])
