@@ -32,7 +32,7 @@ want build && step build bash -c "cmake -S kernels -B $BUILD -G Ninja -DPython_E
 export MSA_OPS_LIBRARY_DIR=$BUILD
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 want info && step info $PY -m msa_ops info
-want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider tests ${GPU_K:+-k "$GPU_K"}
+want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=30 tests ${GPU_K:+-k "$GPU_K"}
 want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
 want demo && step demo timeout 300 $PY -m msa_ops demo
 BENCHES=()
