@@ -18,7 +18,7 @@ from jax.interpreters import batching, mlir
 from jax.sharding import PartitionSpec
 
 from .errors import NativeUnavailableError, OpAttributeError, OpShapeError
-from .sharding import explicit_spec, run_head_parallel
+from .sharding import explicit_spec, reshard, run_head_parallel
 
 IMPLEMENTATIONS = ("auto", "reference", "native")
 IMPLEMENTATION_ENV = "MSA_OPS_IMPLEMENTATION"
@@ -175,7 +175,7 @@ def _replicate_axis0(x):
     spec = explicit_spec(x)
     if spec is None or spec[0] is None:
         return x
-    return jax.reshard(x, PartitionSpec(None, *spec[1:]))
+    return reshard(x, PartitionSpec(None, *spec[1:]))
 
 
 def _eager_impl(prim: Primitive) -> Callable[..., Any]:

@@ -17,6 +17,9 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec as P
 
+# Newer jax has reshard at the top level; older releases only in jax.sharding.
+reshard = getattr(jax, "reshard", None) or jax.sharding.reshard
+
 #: op -> ({operand: head axis}, output head axis, output rank)
 HEAD_AXES: dict[str, tuple[dict[str, int], int, int]] = {
     "mo.mha.ragged.paged": ({"q": 1, "kv_blocks": 4}, 1, 3),
@@ -58,9 +61,9 @@ def run_head_parallel(fn, name: str, operand_names: tuple[str, ...], arrays: lis
     if parallel is None:
         # Explicitly sharded, but not along the heads alone: gather every operand first (what Auto mode does
         # implicitly), so the op sees whole arrays.
-        return fn(*[jax.reshard(x, P()) for x in arrays])
+        return fn(*[reshard(x, P()) for x in arrays])
     in_specs, out_spec = parallel
-    ready = [x if spec == tuple(s) else jax.reshard(x, s) for x, spec, s in zip(arrays, specs, in_specs)]
+    ready = [x if spec == tuple(s) else reshard(x, s) for x, spec, s in zip(arrays, specs, in_specs)]
     return jax.shard_map(fn, in_specs=in_specs, out_specs=out_spec)(*ready)
 
 

@@ -87,8 +87,8 @@ def mha_padded_paged(
     s_max = lookup.shape[1] * kv_blocks.shape[3]
     c = jnp.clip(as_i32(cache_lengths), 0, s_max)
     nq = jnp.clip(as_i32(valid_lengths), 0, s)
-    b = jnp.repeat(jnp.arange(bsz, dtype=jnp.int32), s)
-    i = jnp.tile(jnp.arange(s, dtype=jnp.int32), bsz)
+    r = jnp.arange(rows, dtype=jnp.int32)
+    b, i = r // s, r % s  # row r is query i of batch entry b
     valid = i < nq[b]
     pos = c[b] + i
     nkeys = (c + nq)[b]
@@ -134,8 +134,8 @@ def mha_padded_no_cache(q, k, v, valid_length, *, mask, window, scale):
     vl = as_i32(valid_length)
     n_q = jnp.clip(vl, 0, s)
     n_k = jnp.clip(vl, 0, sk)
-    b = jnp.repeat(jnp.arange(bsz, dtype=jnp.int32), s)
-    i = jnp.tile(jnp.arange(s, dtype=jnp.int32), bsz)
+    r = jnp.arange(rows, dtype=jnp.int32)
+    b, i = r // s, r % s  # row r is query i of batch entry b
     valid = i < n_q[b]
     pos = n_k[b] - n_q[b] + i
     kidx = jnp.arange(sk, dtype=jnp.int32)
