@@ -1178,3 +1178,33 @@ def test_bad_input_rejected_at_trace_time():
     kb = _sds((NB, 1, L, 128, 1, 64), jnp.bfloat16)
     rejects(msa_ops.msa_indexer_ragged_paged, _sds((T, 4, 64), jnp.bfloat16), offs, kb, cl, lut, layer,
             topk=2, init_blocks=2, local_blocks=1, op="mo.msa.indexer.ragged.paged")
+
+
+def test_scores_whose_raw_dot_product_overflows_f32(impl):
+    """q.k past the f32 range while scale * q.k (SPEC's score) is finite: q = k = 1e20 over 4 dims, scale 1e-12, so
+    key 0 scores 4e28 and key 1 (k = 1) 4e8. Every op must see key 0 win, as a float64 computation does: the
+    output is v0, and the indexer picks the block whose keys score highest (8e28) over one at 4e28."""
+    scale, d = 1e-12, 4
+    offs, cl, lut = np.array([0, 1], np.int32), np.array([1], np.int32), np.array([[0]], np.int32)
+    q = np.full((1, 1, d), 1e20, np.float32)
+    kv = np.zeros((1, 2, 1, 4, 1, d), np.float32)
+    kv[0, 0, 0, 0], kv[0, 0, 0, 1] = 1e20, 1.0
+    kv[0, 1, 0, 0], kv[0, 1, 0, 1] = [1, 2, 3, 4], [5, 6, 7, 8]
+    got = np.asarray(msa_ops.mha_ragged_paged(q, offs, kv, cl, lut, 0, scale=scale, implementation=impl))
+    np.testing.assert_allclose(got[0, 0], [1, 2, 3, 4], rtol=1e-6)
+
+    qm = np.zeros((1, 1, 128), np.float32)
+    qm[0, 0, :d] = 1e20
+    kvm = np.zeros((1, 2, 1, 128, 1, 128), np.float32)
+    kvm[0, 0, 0, 0, 0, :d], kvm[0, 0, 0, 1, 0, :d] = 1e20, 1.0
+    kvm[0, 1, 0, 0, 0, :d], kvm[0, 1, 0, 1, 0, :d] = [1, 2, 3, 4], [5, 6, 7, 8]
+    got = msa_ops.msa_attention_ragged_paged(jnp.asarray(qm, jnp.bfloat16), offs, None, jnp.asarray(kvm, jnp.bfloat16),
+                                             cl, lut, 0, np.zeros((1, 1, 1), np.int32), scale=scale,
+                                             implementation=impl)
+    np.testing.assert_allclose(np.asarray(got, np.float32)[0, 0, :d], [1, 2, 3, 4], rtol=1e-2)
+
+    kb = np.zeros((3, 1, 1, 128, 1, d), np.float32)
+    kb[0, 0, 0, :, 0], kb[1, 0, 0, :, 0], kb[2, 0, 0, :, 0] = 1e20, 2e20, 1.0
+    ids = msa_ops.msa_indexer_ragged_paged(q, offs, kb, np.array([300], np.int32), np.array([[0, 1, 2]], np.int32), 0,
+                                           topk=1, scale=scale, implementation=impl)
+    assert np.asarray(ids).ravel().tolist() == [1]

@@ -81,8 +81,9 @@ def attend_row(
     hkv = k.shape[0]
     g = h // hkv
     prec = lax.Precision.HIGHEST
-    qg = q_row.astype(jnp.float32).reshape(hkv, g, d)
-    s = jnp.einsum("kgd,ksd->kgs", qg, k.astype(jnp.float32), precision=prec) * jnp.float32(scale)
+    # The scale goes into q first, as in the native handlers: q.k may overflow f32 where scale * q.k does not.
+    qg = (q_row.astype(jnp.float32) * jnp.float32(scale)).reshape(hkv, g, d)
+    s = jnp.einsum("kgd,ksd->kgs", qg, k.astype(jnp.float32), precision=prec)
     vis = jnp.broadcast_to(vis, (hkv, k.shape[1]))[:, None, :]
     s = jnp.where(vis, s, -jnp.inf)
     any_vis = jnp.any(vis, axis=-1)  # [Hkv, 1]

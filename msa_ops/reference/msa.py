@@ -91,7 +91,8 @@ def msa_indexer_ragged_paged(
         page_ok = (pages >= 0) & (pages < nb) & layer_ok
         pc = jnp.clip(pages, 0, nb - 1)
         keys = k_blocks[pc, 0, layer_c, :, 0, :].astype(jnp.float32)  # [MP, P, Di]
-        s = jnp.einsum("hd,mpd->hmp", q_row.astype(jnp.float32), keys, precision=prec) * jnp.float32(scale)
+        qs = q_row.astype(jnp.float32) * jnp.float32(scale)  # scaled first, as in the native handler
+        s = jnp.einsum("hd,mpd->hmp", qs, keys, precision=prec)
         vis = page_ok[:, None] & (kidx < n) & (kidx <= p) & ok  # [MP, P]
         score = jnp.max(jnp.where(vis[None], s, -jnp.inf), axis=-1)  # [Hi, MP]
         elig = jnp.any(vis, axis=-1)  # [MP]
