@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from .registry import call, check_operands
+from .registry import call
 
 Array = jax.Array
 
@@ -67,8 +67,6 @@ def mha_ragged_no_cache(
     and its keys rows ``[kv_input_row_offsets[b], ...[b+1])`` (default: ``input_row_offsets``). The last
     query of a sequence is aligned with its last key: row i is at position ``kv_len_b - n_b + i``.
     """
-    if kv_input_row_offsets is None:
-        kv_input_row_offsets = input_row_offsets
     return call("mo.mha.ragged.no_cache", q, k, v, input_row_offsets, kv_input_row_offsets, mask_str=mask_str,
                 local_window_size=local_window_size, scale=scale, implementation=implementation, **hints)
 
@@ -110,10 +108,6 @@ def msa_attention_ragged_paged(
     reads its values (docs/SEMANTICS.md §7), so nothing computes it; ``input_row_offsets`` (same shape) fills the
     operand, after both operands it would be derived from are checked.
     """
-    if cache_row_offsets is None:
-        check_operands("mo.msa.attention.ragged.paged",
-                       {"input_row_offsets": input_row_offsets, "cache_lengths": cache_lengths})
-        cache_row_offsets = input_row_offsets
     return call("mo.msa.attention.ragged.paged", q, input_row_offsets, cache_row_offsets, kv_blocks,
                 cache_lengths, kv_lookup_table, layer_idx, d_indices, scale=scale,
                 num_partitions=num_partitions, implementation=implementation, **hints)

@@ -69,6 +69,9 @@ class OpDef:
     plan: Callable[..., Any] | None = None
     native_supports: Callable[..., str | None] | None = None  # -> None if supported, else the reason
     doc: str = ""
+    # Operands SPEC.md lets a caller leave out: name -> fill(given operands by name) -> the value used. ``call``
+    # accepts them as None or, with positional operands one short per omission, left out.
+    operand_defaults: Mapping[str, Callable[[dict[str, Any]], Any]] = field(default_factory=dict)
     primitive: Primitive = field(default=None, repr=False)  # type: ignore[assignment]
     batching: Callable[..., Any] | None = field(default=None, repr=False)  # the vmap rule
 
@@ -233,10 +236,7 @@ def normalize_call_attrs(op: OpDef, attrs: Mapping[str, Any]) -> tuple[Attrs, st
 def call(name: str, *operands: Any, **attrs: Any):
     """Call an op by its MAX name with MAX's operand order; returns the op's output."""
     op = get_op(name)
-    if len(operands) != len(op.operands):
-        raise OpShapeError(
-            f"{name}: expected {len(op.operands)} operands ({', '.join(op.operands)}), got {len(operands)}"
-        )
+    operands = _fill_operands(op, operands)
     norm, implementation = normalize_call_attrs(op, attrs)
     arrays = [_as_array(name, n, x) for n, x in zip(op.operands, operands)]
 
@@ -245,6 +245,24 @@ def call(name: str, *operands: Any, **attrs: Any):
 
     out = run_head_parallel(run, name, op.operands, arrays)  # explicit head sharding: one op per shard
     return run(*arrays) if out is None else out
+
+
+def _fill_operands(op: OpDef, operands: tuple[Any, ...]) -> list[Any]:
+    """MAX's operand list, with the operands SPEC.md lets a caller omit (left out or None) filled in."""
+    optional = [n for n in op.operands if n in op.operand_defaults]
+    if optional and len(operands) == len(op.operands) - len(optional):
+        given = iter(operands)
+        operands = tuple(None if n in op.operand_defaults else next(given) for n in op.operands)
+    if len(operands) != len(op.operands):
+        may = f"; {', '.join(optional)} may be left out" if optional else ""
+        raise OpShapeError(
+            f"{op.name}: expected {len(op.operands)} operands ({', '.join(op.operands)}), got {len(operands)}{may}"
+        )
+    named = dict(zip(op.operands, operands))
+    for n in optional:
+        if named[n] is None:
+            named[n] = op.operand_defaults[n]({k: v for k, v in named.items() if v is not None})
+    return [named[n] for n in op.operands]
 
 
 def _as_array(op: str, operand: str, x: Any):

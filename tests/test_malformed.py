@@ -663,12 +663,19 @@ CASES: list[Case] = [
     ),
     Case("msa-scale-nan", AT, "call", (attr("scale"),), attrs={"scale": float("nan")}),
     Case("msa-hint-negative", AT, "call", (attr("max_prompt_length"), "-1"), attrs={"max_prompt_length": -1}),
-    # cache_row_offsets=None makes the wrapper derive it; a float cache_lengths must still be reported as a
-    # fault of the op the user called.
+    # An omitted cache_row_offsets is filled from the operands it would be derived from; a float cache_lengths
+    # must still be reported as a fault of the op the user called.
     Case(
         "msa-derived-row-offsets-float-cache-lengths",
         AT,
         "wrapper",
+        (opnd("cache_lengths"), "float32"),
+        operands={"cache_lengths": S((B,), F32)},
+    ),
+    Case(
+        "msa-omitted-row-offsets-float-cache-lengths",
+        AT,
+        "call",
         (opnd("cache_lengths"), "float32"),
         operands={"cache_lengths": S((B,), F32)},
     ),
@@ -857,8 +864,8 @@ CASES: list[Case] = [
     ),
 ]
 
-# The msa-derived-row-offsets case goes through the wrapper with cache_row_offsets=None.
-_NONE_CRO = {"msa-derived-row-offsets-float-cache-lengths"}
+# These cases pass cache_row_offsets=None, to the wrapper and to the call by name.
+_NONE_CRO = {"msa-derived-row-offsets-float-cache-lengths", "msa-omitted-row-offsets-float-cache-lengths"}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1208,3 +1208,37 @@ def test_scores_whose_raw_dot_product_overflows_f32(impl):
     ids = msa_ops.msa_indexer_ragged_paged(q, offs, kb, np.array([300], np.int32), np.array([[0, 1, 2]], np.int32), 0,
                                            topk=1, scale=scale, implementation=impl)
     assert np.asarray(ids).ravel().tolist() == [1]
+
+
+# ==========================================================================================================
+# Operands SPEC.md lets a caller omit, through msa_ops.call
+# ==========================================================================================================
+def no_cache_by_name(q, k, v, offs, *, how, **kw):
+    extra = () if how == "left_out" else (None,)
+    return msa_ops.call("mo.mha.ragged.no_cache", q, k, v, offs, *extra, **kw)
+
+
+def msa_by_name(q, offs, kv, cl, lut, layer, idx, *, how, **kw):
+    if how == "left_out":
+        return msa_ops.call("mo.msa.attention.ragged.paged", q, offs, kv, cl, lut, layer, idx, **kw)
+    return msa_ops.call("mo.msa.attention.ragged.paged", q, offs, None, kv, cl, lut, layer, idx, **kw)
+
+
+@pytest.mark.parametrize("how", ["left_out", "none"])
+def test_call_by_name_omits_optional_operands(impl, how):
+    """SPEC.md ops 4 and 7: kv_input_row_offsets (then equal to input_row_offsets) and cache_row_offsets may be
+    omitted. The call by MAX name takes them left out of the operand list or as None."""
+    rng = np.random.default_rng(11)
+    n = [7, 0, 20, 9]
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    q = rand(rng, (40, 4, 32), BF16)
+    k, v = rand(rng, (40, 2, 32), BF16), rand(rng, (40, 2, 32), BF16)
+    got = np_out(jit_call(no_cache_by_name, q, k, v, offs, how=how, mask_str="causal", implementation=impl))
+    ref = oracle.mha_ragged_no_cache(q, k, v, offs, offs, mask_str="causal")
+    assert_close(got, ref, budget_for(BF16), what=f"no_cache by name, kv offsets {how}")
+
+    _rng, _batch, pc, q, offs, cro, cl, lut, idx, dtype = msa_inputs(3, "spec", "bf16", 2, 4, 3)
+    got = np_out(jit_call(msa_by_name, q, offs, pc.kv_blocks, cl, lut, np.int32(1), idx, how=how,
+                          implementation=impl))
+    ref = oracle.msa_attention_ragged_paged(q, offs, cro, pc.kv_blocks, cl, lut, 1, idx)
+    assert_close(got, ref, budget_for(BF16, dtype), what=f"msa by name, cache_row_offsets {how}")

@@ -151,3 +151,18 @@ def test_cli_bench_forwards_its_arguments(capsys):
     with pytest.raises(SystemExit) as e:
         main(["info", "--cache", "5"])
     assert e.value.code == 2 and "unrecognized arguments: --cache 5" in capsys.readouterr().err
+
+
+def test_call_operand_count_says_what_may_be_left_out():
+    """A wrong operand count names the op, the operands, and those SPEC.md lets a caller omit."""
+    x = np.zeros((1,), np.int32)
+    with pytest.raises(msa_ops.OpShapeError, match=r"^mo\.msa\.attention\.ragged\.paged: expected 8 operands "
+                       r"\(q, .*, d_indices\), got 6; cache_row_offsets may be left out$"):
+        msa_ops.call("mo.msa.attention.ragged.paged", *[x] * 6)
+    with pytest.raises(msa_ops.OpShapeError, match=r"^mo\.mha\.ragged\.no_cache: expected 5 operands .*, got 3; "
+                       r"kv_input_row_offsets may be left out$"):
+        msa_ops.call("mo.mha.ragged.no_cache", x, x, x)
+    with pytest.raises(msa_ops.OpShapeError, match=r"^mo\.mha\.ragged\.paged: expected 6 operands .*, got 5$"):
+        msa_ops.call("mo.mha.ragged.paged", *[x] * 5)
+    with pytest.raises(msa_ops.OpShapeError, match=r"operand 'layer_idx': expected an array, got None"):
+        msa_ops.call("mo.mha.ragged.paged", *[x] * 5, None, mask_str="causal")

@@ -13,7 +13,7 @@ from .. import routing
 from ..errors import attribute_error
 from ..reference import msa as ref
 from ..reference.common import as_i32
-from ..registry import OpDef, register
+from ..registry import OpDef, check_operands, register
 from .common import (
     FLOATS,
     FP8,
@@ -122,10 +122,21 @@ def _msa_native(q, offsets, cache_row_offsets, kv, cache_lengths, lookup, layer_
     ))
 
 
+def _msa_cache_row_offsets_default(given):
+    """An omitted cache_row_offsets: no implementation reads its values (docs/SEMANTICS.md §7), so nothing
+    computes it; input_row_offsets (same shape) fills the operand once the two operands it would be derived
+    from are checked."""
+    offsets, cache_lengths = given.get("input_row_offsets"), given.get("cache_lengths")
+    if offsets is not None and cache_lengths is not None:
+        check_operands(_AT, {"input_row_offsets": offsets, "cache_lengths": cache_lengths})
+    return offsets
+
+
 MSA_ATTENTION = register(OpDef(
     name=_AT,
     operands=("q", "input_row_offsets", "cache_row_offsets", "kv_blocks", "cache_lengths", "kv_lookup_table",
               "layer_idx", "d_indices"),
+    operand_defaults={"cache_row_offsets": _msa_cache_row_offsets_default},
     attr_defaults={"scale": None, "num_partitions": 0, **HINT_DEFAULTS},
     normalize=_msa_normalize,
     abstract=_msa_abstract,
