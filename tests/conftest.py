@@ -187,6 +187,25 @@ def make_paged_cache(rng: np.random.Generator, seq_tokens, *, page_size: int, ma
     return PagedCache(kv_blocks, lut, page_size)
 
 
+def share_pages(lut: np.ndarray, seq_tokens, page_size: int) -> np.ndarray:
+    """A copy of the page table in which physical pages are named twice: within a sequence (its last page is
+    its first page again) and across sequences (each sequence's first page is the last page of the sequence
+    before it, in the original table). The same slots are then different keys of each place that names them,
+    at their own positions, so no implementation may deduplicate or cache by physical page."""
+    out = np.array(lut)
+    pages = [-(-int(t) // page_size) for t in seq_tokens]
+    within = across = 0
+    for b, n in enumerate(pages):
+        if n >= 2:
+            out[b, n - 1] = lut[b, 0]
+            within += 1
+        if b and n and pages[b - 1]:
+            out[b, 0] = lut[b - 1, pages[b - 1] - 1]
+            across += 1
+    assert within and across, f"no page shared within ({within}) or across ({across}) sequences: {pages}"
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------
 # msa_ops access
 # ----------------------------------------------------------------------------------------------------------

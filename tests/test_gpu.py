@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import oracle
 import pytest
-from conftest import RaggedBatch, assert_close, budget_for, make_batch, make_paged_cache, rand
+from conftest import RaggedBatch, assert_close, budget_for, make_batch, make_paged_cache, rand, share_pages
 
 pytestmark = pytest.mark.gpu
 
@@ -1501,3 +1501,48 @@ def test_cuda_property_suite():
     for check, problems in ((check_mha_ragged_paged, paged_problems), (check_msa_attention, msa_problems),
                             (check_msa_indexer, indexer_problems)):
         SETTINGS(given(p=problems())(on_gpu(check)))()
+
+
+# ------------------------------------------------------------------------------------------ shared pages
+
+@pytest.mark.parametrize("scenario,page,np_", [
+    ("decode", 16, 0), ("decode", 128, 2), ("decode", 16, 5), ("long", 16, 0), ("mixed", 128, 0), ("spec", 64, 3),
+])
+def test_cuda_mha_pages_named_twice(scenario, page, np_):
+    """A physical page named twice (within a sequence, and by two sequences) is read as the keys of each place:
+    decode tiles (one partition, cluster merge, combine kernel) and prefill tiles."""
+    from test_reference import mha_inputs, tokens_of
+
+    _, batch, pc, q, layer = mha_inputs(9, scenario, group=4, page_size=page, dtype=jnp.bfloat16, head_dim=128)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, share_pages(pc.lut, tokens_of(batch), page), layer)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=np_,
+                                                      implementation="native"))(*args)
+    assert_close(got, oracle.mha_ragged_paged(*args, mask_str="causal"), budget_for(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("scenario,np_", [("decode", 0), ("decode", 2), ("spec", 0), ("long", 0)])
+def test_cuda_msa_pages_named_twice(dtype, scenario, np_):
+    """MSA selects logical blocks: two selected blocks on one physical page are two blocks of keys, each at its own
+    positions (decode, speculative and prefill routes)."""
+    from test_reference import MSA_MP, msa_indices, msa_inputs, tokens_of
+
+    dt = "bf16" if dtype == jnp.bfloat16 else "fp8"
+    rng, batch, pc, q, offs, cro, cl, lut, _ids, _ = msa_inputs(9, scenario, dt, 2, 8, MSA_MP)
+    ids = msa_indices(rng, batch, 2, MSA_MP, junk=False)  # every block of the sequence selected
+    args = (q, offs, cro, pc.kv_blocks, cl, share_pages(lut, tokens_of(batch), 128), np.int32(1), ids)
+    got = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_,
+                                                                implementation="native"))(*args)
+    assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(dtype))
+
+
+def test_cuda_indexer_pages_named_twice():
+    from test_reference import assert_indexer_matches, indexer_inputs, tokens_of
+
+    _rng, batch, pc, q, _ = indexer_inputs(4, "long", "bf16", 128)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, share_pages(pc.lut, tokens_of(batch), 128),
+            np.int32(0))
+    kw = dict(topk=3, init_blocks=1, local_blocks=1)
+    got = np.asarray(jax.jit(lambda *a: msa_ops.msa_indexer_ragged_paged(*a, implementation="native", **kw))(*args))
+    ref, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
+    assert_indexer_matches(got, ref, scores, elig, **kw)

@@ -21,6 +21,7 @@ from conftest import (
     make_batch,
     make_paged_cache,
     rand,
+    share_pages,
     to_uint32,
 )
 
@@ -1242,3 +1243,45 @@ def test_call_by_name_omits_optional_operands(impl, how):
                           implementation=impl))
     ref = oracle.msa_attention_ragged_paged(q, offs, cro, pc.kv_blocks, cl, lut, 1, idx)
     assert_close(got, ref, budget_for(BF16, dtype), what=f"msa by name, cache_row_offsets {how}")
+
+
+# ==========================================================================================================
+# Physical pages named more than once (within a sequence and across sequences)
+# ==========================================================================================================
+@pytest.mark.parametrize("num_partitions", [0, 3])
+@pytest.mark.parametrize("scenario,page_size", [("long", 16), ("mixed", 16), ("spec", 128)])
+def test_mha_pages_named_twice(impl, scenario, page_size, num_partitions):
+    """SPEC.md reads token t of sequence b from page kv_lookup_table[b, t // P]: nothing requires the pages to be
+    distinct, and a page named twice is read twice, as the keys of each place."""
+    _, batch, pc, q, layer = mha_inputs(5, scenario, group=4, page_size=page_size, dtype=BF16, head_dim=64)
+    lut = share_pages(pc.lut, tokens_of(batch), page_size)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, lut, layer)
+    got = np_out(jit_call(msa_ops.mha_ragged_paged, *args, mask_str="causal", num_partitions=num_partitions,
+                          implementation=impl))
+    ref = oracle.mha_ragged_paged(*args, mask_str="causal")
+    assert_close(got, ref, budget_for(BF16), what=f"mha, pages named twice [{scenario}]")
+
+
+@pytest.mark.parametrize("scenario,dt", [("long", "bf16"), ("spec", "fp8"), ("decode", "bf16")])
+def test_msa_pages_named_twice(impl, scenario, dt):
+    """MSA block ids are logical: two selected blocks whose pages are one physical page are two blocks of keys
+    (SPEC.md: a repeated *id* counts once), each at its own positions."""
+    rng, batch, pc, q, offs, cro, cl, lut, _idx, dtype = msa_inputs(7, scenario, dt, 2, 4, MSA_MP)
+    lut = share_pages(lut, tokens_of(batch), 128)
+    idx = msa_indices(rng, batch, 2, MSA_MP, junk=False)  # every block of the sequence selected
+    args = (q, offs, cro, pc.kv_blocks, cl, lut, np.int32(1), idx)
+    got = np_out(jit_call(msa_ops.msa_attention_ragged_paged, *args, implementation=impl))
+    ref = oracle.msa_attention_ragged_paged(*args)
+    assert_close(got, ref, budget_for(BF16, dtype), what=f"msa, pages named twice [{scenario},{dt}]")
+
+
+def test_indexer_pages_named_twice(impl):
+    """The indexer scores blocks by their keys through the page table: a block whose page repeats another's
+    scores as those keys do at its own positions."""
+    _rng, batch, pc, q, _dtype = indexer_inputs(4, "long", "bf16", 128)
+    lut = share_pages(pc.lut, tokens_of(batch), 128)
+    args = (q, batch.offsets, pc.kv_blocks, batch.cache_lengths, lut, np.int32(0))
+    kw = {"topk": 3, "init_blocks": 1, "local_blocks": 1}
+    got = np_out(jit_call(msa_ops.msa_indexer_ragged_paged, *args, implementation=impl, **kw))
+    ref, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
+    assert_indexer_matches(got, ref, scores, elig, **kw)
