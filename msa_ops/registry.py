@@ -284,7 +284,7 @@ def check_operands(op: str, operands: Mapping[str, Any]) -> None:
 
     c = Check(op)
     for name, x in operands.items():
-        a = _as_array(op, name, x)
+        a = x if hasattr(x, "shape") and hasattr(x, "dtype") else _as_array(op, name, x)  # arrays or structs
         c.rank(name, a, 1, "[B+1]" if "offsets" in name else "[B]")
         c.ints(name, a)
 
@@ -294,8 +294,7 @@ def plan(name: str, *operands: Any, **attrs: Any):
     op = get_op(name)
     if op.plan is None:
         raise OpAttributeError(f"{name}: this op has a single elementwise route; no plan to inspect")
-    if len(operands) != len(op.operands):
-        raise OpShapeError(f"{name}: expected {len(op.operands)} operands, got {len(operands)}")
+    operands = _fill_operands(op, operands)
     norm, _ = normalize_call_attrs(op, attrs)
     shaped = [x if hasattr(x, "shape") and hasattr(x, "dtype") else jnp.asarray(x) for x in operands]
     avals = [jax.core.ShapedArray(tuple(a.shape), a.dtype) for a in shaped]

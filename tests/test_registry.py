@@ -166,3 +166,16 @@ def test_call_operand_count_says_what_may_be_left_out():
         msa_ops.call("mo.mha.ragged.paged", *[x] * 5)
     with pytest.raises(msa_ops.OpShapeError, match=r"operand 'layer_idx': expected an array, got None"):
         msa_ops.call("mo.mha.ragged.paged", *[x] * 5, None, mask_str="causal")
+
+
+def test_plan_takes_the_omitted_operands_too():
+    """msa_ops.plan reads the same operand list as msa_ops.call: cache_row_offsets given, None or left out."""
+    S = jax.ShapeDtypeStruct
+    q, offs, kv = S((4, 32, 128), jnp.bfloat16), S((5,), jnp.int32), S((9, 2, 1, 128, 4, 128), jnp.bfloat16)
+    rest = (S((4,), jnp.int32), S((4, 3), jnp.int32), S((), jnp.int32), S((4, 4, 16), jnp.int32))
+    name = "mo.msa.attention.ragged.paged"
+    given = msa_ops.plan(name, q, offs, offs, kv, *rest)
+    assert msa_ops.plan(name, q, offs, None, kv, *rest) == given
+    assert msa_ops.plan(name, q, offs, kv, *rest) == given
+    with pytest.raises(msa_ops.OpDtypeError, match=r"operand 'cache_lengths': expected dtype int32 or uint32"):
+        msa_ops.plan(name, q, offs, kv, S((4,), jnp.float32), *rest[1:])
