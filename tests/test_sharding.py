@@ -59,7 +59,7 @@ def _run(impl: str, code: str = CODE) -> str:
     # The child imports the same msa_ops as this process (the installed one, with its libraries), not a
     # source tree that happens to be the working directory.
     pkg_root = str(Path(msa_ops.__file__).resolve().parent.parent)
-    env = dict(os.environ, IMPL=impl)
+    env = dict(os.environ, IMPL=impl, JAX_PLATFORMS="cpu")  # the child's devices are forced host devices
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
     with tempfile.TemporaryDirectory() as cwd:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
