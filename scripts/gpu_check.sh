@@ -10,7 +10,7 @@ PY=${PY:-python3}
 BUILD=${BUILD:-/tmp/msa_ops_build}
 declare -A STATUS
 
-STEPS=${STEPS:-all}  # comma list of: build info gpu cpu demo bench sanitizer
+STEPS=${STEPS:-all}  # comma list of: build info gpu cpu suite demo bench sanitizer
 # GPU_K: a pytest -k expression for the gpu step; SANITIZE_K: the one for the sanitizer step; BENCH_GLOB: which benchmarks;
 # BENCH_ARGS: arguments for each of them (gpu_gather_ceiling.py takes no --rounds: leave it out of BENCH_GLOB then).
 want() { [[ "$STEPS" == all || ",$STEPS," == *",$1,"* ]]; }
@@ -34,6 +34,25 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 want info && step info $PY -m msa_ops info
 want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=30 tests ${GPU_K:+-k "$GPU_K"}
 want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
+# suite: the tests CI runs (not -m gpu), here where the default backend is the GPU and the CUDA library is loaded, as a
+# user's `pytest` on a GPU machine runs them; four processes over groups of files, one log (large pools left out).
+suite() {
+  local groups=("tests/test_reference.py" "tests/test_malformed.py tests/test_registry.py tests/test_export.py \
+tests/test_sharding.py tests/test_routing.py tests/test_oracle.py" "tests/test_property.py tests/test_split_k.py \
+tests/test_native_ffi.py" "tests/test_semantics_indexer.py tests/test_semantics_masks.py tests/test_semantics_msa.py \
+tests/test_semantics_rows.py tests/test_raw_ffi_checks.py") i=0
+  for g in "${groups[@]}"; do
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${SUITE_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider -m "not gpu" \
+      -rf $g > "$OUT/suite_$i.part" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  local rc=0
+  for f in "$OUT"/suite_*.part; do grep -qE "^[0-9]+ passed" <(tail -n 1 "$f") || rc=1
+    echo "== $f"; grep -E "^FAILED|^ERROR" "$f"; tail -n 1 "$f"; echo; rm -f "$f"; done
+  return $rc
+}
+want suite && step suite suite
 want demo && step demo timeout 300 $PY -m msa_ops demo
 BENCHES=()
 for b in ${BENCH_GLOB:-benchmarks/gpu_*.py}; do
@@ -52,7 +71,7 @@ want sanitizer && XLA_PYTHON_CLIENT_ALLOCATOR=platform step sanitizer_ffi timeou
 echo
 echo "| step | result |"
 echo "| --- | --- |"
-for k in build info pytest_gpu pytest_cpu_native demo "${BENCHES[@]}" sanitizer sanitizer_ffi; do
+for k in build info pytest_gpu pytest_cpu_native suite demo "${BENCHES[@]}" sanitizer sanitizer_ffi; do
   echo "| $k | ${STATUS[$k]:-skipped} | $(grep -E 'passed|failed|ERROR SUMMARY|result:' "$OUT/$k.log" 2>/dev/null | tail -n 1) |"
 done
 for f in "$OUT"/*.md; do [ -e "$f" ] && cat "$f"; done
