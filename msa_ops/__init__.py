@@ -33,6 +33,7 @@ from .registry import (
     OpDef,
     assume_native,
     call,
+    export_safety_checks,
     get_op,
     list_ops,
     plan,
@@ -44,8 +45,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "IMPLEMENTATION_ENV", "MsaOpsError", "NativeUnavailableError", "OpAttributeError", "OpDef", "OpDtypeError",
-    "OpShapeError", "Plan", "assume_native", "call", "get_op", "kv_cache_row_offsets_ragged_paged",
-    "kv_cache_store_ragged_paged", "list_ops", "mha_decode_get_num_partitions", "mha_padded_no_cache",
-    "mha_padded_paged", "mha_ragged_no_cache", "mha_ragged_paged", "msa_attention_ragged_paged",
+    "OpShapeError", "Plan", "assume_native", "call", "export_safety_checks", "get_op",
+    "kv_cache_row_offsets_ragged_paged", "kv_cache_store_ragged_paged", "list_ops", "mha_decode_get_num_partitions",
+    "mha_padded_no_cache", "mha_padded_paged", "mha_ragged_no_cache", "mha_ragged_paged", "msa_attention_ragged_paged",
     "msa_indexer_ragged_paged", "plan", "resolve_implementation", "routing",
 ]

@@ -107,6 +107,21 @@ def assume_native(*platforms: str) -> Iterator[None]:
         _ASSUME_NATIVE.reset(tok)
 
 
+def export_safety_checks() -> list[Any]:
+    """``jax.export.DisabledSafetyCheck`` entries for every native custom-call target of msa_ops.
+
+    ``jax.export.export`` refuses to serialize custom calls that have no compatibility guarantee unless told
+    otherwise: pass these as its ``disabled_checks`` for a graph whose ops lower to their native handlers. The
+    exported module runs where msa_ops is imported with the same version's libraries loaded (the handlers are
+    registered under these names when the library loads; their attributes and operand order are this version's).
+    """
+    from jax import export
+
+    from ._native import TARGETS
+
+    return [export.DisabledSafetyCheck.custom_call(t) for t in TARGETS]
+
+
 def _requested(implementation: str) -> str:
     if implementation != "auto":
         return implementation

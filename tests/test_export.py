@@ -188,3 +188,65 @@ def test_indexer_cuda_coverage_rules():
     assert "max_pages <= 8192" in reason(128, BF, 8193)
     q = SDS((T, 4, 96), BF)
     assert _ix_native_supports(q, None, None, None, SDS((B, 8), I32), None, attrs=None, platform="cpu") is None
+
+
+def test_serialized_export_runs_the_native_handlers():
+    """A decode step (store, dense attention, indexer, sparse attention) exported with the native lowering for the
+    CPU and CUDA and called (and, where flatbuffers is installed, serialized and deserialized first): the same bits
+    as the jitted step, which matches the oracle. Without export_safety_checks() jax refuses to export the custom
+    calls."""
+    from msa_ops import _native
+
+    if not _native.available("cpu"):
+        pytest.skip(f"native CPU library not available: {_native.missing_reason('cpu')}")
+    import numpy as np
+    import oracle
+    from conftest import assert_close, budget_for, rand
+
+    rng = np.random.default_rng(3)
+    b, hkv, group, mp, nb = 2, 2, 4, 3, 8
+    kv = rand(rng, (nb, 2, 1, 128, hkv, 128), BF)
+    kb = rand(rng, (nb, 1, 1, 128, 1, 64), BF)
+    lut = rng.permutation(nb)[: b * mp].reshape(b, mp).astype(np.int32)
+    cl = np.array([300, 129], np.int32)
+    offs = np.array([0, 1, 2], np.int32)
+    q = rand(rng, (b, hkv * group, 128), BF)
+    iq = rand(rng, (b, 4, 64), BF)
+    k_new, v_new = rand(rng, (b, hkv, 128), BF), rand(rng, (b, hkv, 128), BF)
+
+    def step(kv, q, iq, k_new, v_new, offs, cl, lut, kb):
+        kv = msa_ops.kv_cache_store_ragged_paged(kv, k_new, v_new, offs, cl, lut, 0, implementation="native")
+        dense = msa_ops.mha_ragged_paged(q, offs, kv, cl + 1, lut, 0, mask_str="causal", implementation="native")
+        sel = msa_ops.msa_indexer_ragged_paged(iq, offs, kb, cl + 1, lut, 0, topk=2, init_blocks=1,
+                                               implementation="native")
+        sparse = msa_ops.msa_attention_ragged_paged(q, offs, None, kv, cl + 1, lut, 0, sel[:hkv],
+                                                    implementation="native")
+        return dense, sel, sparse
+
+    args = (kv, q, iq, k_new, v_new, offs, cl, lut, kb)
+    with msa_ops.assume_native("cuda"):
+        with pytest.raises(ValueError, match="custom calls"):
+            export.export(jax.jit(lambda *a: step(*a)), platforms=["cpu", "cuda"])(*args)
+        exp = export.export(jax.jit(lambda *a: step(*a)), platforms=["cpu", "cuda"],
+                            disabled_checks=msa_ops.export_safety_checks())(*args)
+    text = exp.mlir_module()
+    for target in ("msa_ops_kv_cache_store", "msa_ops_mha_ragged_paged", "msa_ops_msa_indexer",
+                   "msa_ops_msa_attention"):
+        assert f"@{target}(" in text, target
+    try:  # serialization needs flatbuffers, which jax does not require
+        import flatbuffers  # noqa: F401
+
+        exps = [exp, export.deserialize(exp.serialize())]
+    except ImportError:
+        exps = [exp]
+    with jax.default_device(jax.devices("cpu")[0]):
+        want = [np.asarray(x) for x in jax.jit(step)(*args)]
+        for e in exps:
+            got = [np.asarray(x) for x in e.call(*args)]
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+    kv_new = np.asarray(kv).copy()
+    for s in range(b):
+        page, slot = lut[s, cl[s] // 128], cl[s] % 128
+        kv_new[page, 0, 0, slot], kv_new[page, 1, 0, slot] = k_new[s], v_new[s]
+    assert_close(got[0], oracle.mha_ragged_paged(q, offs, kv_new, cl + 1, lut, 0), budget_for(BF))
