@@ -245,8 +245,5 @@ def test_serialized_export_runs_the_native_handlers():
             got = [np.asarray(x) for x in e.call(*args)]
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
-    kv_new = np.asarray(kv).copy()
-    for s in range(b):
-        page, slot = lut[s, cl[s] // 128], cl[s] % 128
-        kv_new[page, 0, 0, slot], kv_new[page, 1, 0, slot] = k_new[s], v_new[s]
+    kv_new = oracle.kv_cache_store_ragged_paged(kv, k_new, v_new, offs, cl, lut, 0)
     assert_close(got[0], oracle.mha_ragged_paged(q, offs, kv_new, cl + 1, lut, 0), budget_for(BF))
