@@ -69,8 +69,8 @@ class OpDef:
     plan: Callable[..., Any] | None = None
     native_supports: Callable[..., str | None] | None = None  # -> None if supported, else the reason
     doc: str = ""
-    # Operands SPEC.md lets a caller leave out: name -> fill(given operands by name) -> the value used. ``call``
-    # accepts them as None or, with positional operands one short per omission, left out.
+    # Operands SPEC.md lets a caller leave out: name -> fill(operands by name, None where not given) -> the value
+    # used. ``call`` accepts them as None or, with positional operands one short per omission, left out.
     operand_defaults: Mapping[str, Callable[[dict[str, Any]], Any]] = field(default_factory=dict)
     primitive: Primitive = field(default=None, repr=False)  # type: ignore[assignment]
     batching: Callable[..., Any] | None = field(default=None, repr=False)  # the vmap rule
@@ -276,7 +276,7 @@ def _fill_operands(op: OpDef, operands: tuple[Any, ...]) -> list[Any]:
     named = dict(zip(op.operands, operands))
     for n in optional:
         if named[n] is None:
-            named[n] = op.operand_defaults[n]({k: v for k, v in named.items() if v is not None})
+            named[n] = op.operand_defaults[n](named)
     return [named[n] for n in op.operands]
 
 

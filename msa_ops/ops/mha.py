@@ -331,7 +331,7 @@ def _ragged_no_cache_native(q, k, v, offsets, kv_offsets, *, attrs, platform):
 MHA_RAGGED_NO_CACHE = register(OpDef(
     name=_RN,
     operands=("q", "k", "v", "input_row_offsets", "kv_input_row_offsets"),
-    operand_defaults={"kv_input_row_offsets": lambda given: given.get("input_row_offsets")},
+    operand_defaults={"kv_input_row_offsets": lambda named: named["input_row_offsets"]},
     attr_defaults=_no_cache_defaults(),
     normalize=lambda a: _norm_attention(_RN, a, split_k=False),
     abstract=_ragged_no_cache_abstract,

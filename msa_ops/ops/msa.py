@@ -122,11 +122,11 @@ def _msa_native(q, offsets, cache_row_offsets, kv, cache_lengths, lookup, layer_
     ))
 
 
-def _msa_cache_row_offsets_default(given):
+def _msa_cache_row_offsets_default(named):
     """An omitted cache_row_offsets: no implementation reads its values (docs/SEMANTICS.md §7), so nothing
     computes it; input_row_offsets (same shape) fills the operand once the two operands it would be derived
     from are checked."""
-    offsets, cache_lengths = given.get("input_row_offsets"), given.get("cache_lengths")
+    offsets, cache_lengths = named["input_row_offsets"], named["cache_lengths"]
     if offsets is not None and cache_lengths is not None:
         check_operands(_AT, {"input_row_offsets": offsets, "cache_lengths": cache_lengths})
     return offsets
