@@ -35,16 +35,16 @@ want info && step info $PY -m msa_ops info
 want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=30 tests ${GPU_K:+-k "$GPU_K"}
 want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
 # suite: the tests CI runs (not -m gpu), here where the default backend is the GPU and the CUDA library is loaded, as a
-# user's `pytest` on a GPU machine runs them; four processes over groups of files, one log (large pools left out).
+# user's `pytest` on a GPU machine runs them: every test file but the GPU and large-pool ones, dealt largest first
+# over four processes; one log.
 suite() {
-  local groups=("tests/test_reference.py" "tests/test_malformed.py tests/test_registry.py tests/test_export.py \
-tests/test_sharding.py tests/test_routing.py tests/test_oracle.py" "tests/test_property.py tests/test_split_k.py \
-tests/test_native_ffi.py" "tests/test_semantics_indexer.py tests/test_semantics_masks.py tests/test_semantics_msa.py \
-tests/test_semantics_rows.py tests/test_raw_ffi_checks.py") i=0
-  for g in "${groups[@]}"; do
+  local groups=("" "" "" "") i=0 f
+  for f in $(ls -S tests/test_*.py | grep -vE '/test_(gpu|large_pool)\.py$'); do
+    groups[$((i % 4))]+=" $f"; i=$((i + 1))
+  done
+  for i in 0 1 2 3; do
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${SUITE_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider -m "not gpu" \
-      -rf $g > "$OUT/suite_$i.part" 2>&1 &
-    i=$((i + 1))
+      -rf ${groups[$i]} > "$OUT/suite_$i.part" 2>&1 &
   done
   wait
   local rc=0
