@@ -140,7 +140,7 @@ def test_info_reports_built_libraries():
 
 
 def test_cli_bench_forwards_its_arguments(capsys):
-    """`python -m msa_ops bench ARGS` hands ARGS to benchmarks/cpu_decode.py (its --help here; the script is found
+    """`python -m msa_ops bench ARGS` hands ARGS to benchmarks/cpu_bench.py (its --help here; the script is found
     from the source tree or, for an installed package, the working directory: the tests run from the checkout);
     other subcommands reject arguments they do not take."""
     from msa_ops.__main__ import main

@@ -115,7 +115,7 @@ void run_mha(const MhaProblem& pr, const std::vector<SeqDesc>& seqs) {
       kv.num_keys = sd.kmax;
       kv.head = it.g;
       kv.head_dim = D;
-      attend(kv, nq, ts.q.data(), ts.lo.data(), ts.hi.data(), scan_lo, scan_hi, ts.acc.data(), ts.st.data(),
+      attend(kv, nq, ts.q.data(), ts.lo.data(), ts.hi.data(), &scan_lo, &scan_hi, 1, ts.acc.data(), ts.st.data(),
              ts.tile);
     }
     for (int64_t r = it.r0; r < it.r1; ++r)

@@ -23,6 +23,7 @@ struct MsaItem {
 struct MsaScratch {
   std::vector<float> q, acc;
   std::vector<int64_t> lo, hi;
+  std::vector<int64_t> seg_lo, seg_hi;  // the key ranges of the selected blocks this item scans
   std::vector<OnlineSoftmax> st;
   std::vector<unsigned char> seen;
   AttnScratch tile;
@@ -89,6 +90,8 @@ void run_msa(const MsaProblem& pr, const std::vector<int64_t>& eff, const std::v
     kv.head = it.g;
     kv.head_dim = D;
     const int32_t* sel = pr.d_indices + (it.g * T_ + it.t) * pr.topk;
+    ts.seg_lo.clear();
+    ts.seg_hi.clear();
     for (int64_t s = 0; s < shi; ++s) {
       const int64_t j = sel[s];
       if (j < 0 || j >= MP || j * kMsaBlockSize >= num_keys || ts.seen[j]) continue;
@@ -96,9 +99,15 @@ void run_msa(const MsaProblem& pr, const std::vector<int64_t>& eff, const std::v
       if (s < slo) continue;
       const int64_t k0 = j * kMsaBlockSize;
       const int64_t k1 = std::min(k0 + kMsaBlockSize, hi_vis);
-      if (k0 < k1)
-        attend(kv, nq, ts.q.data(), ts.lo.data(), ts.hi.data(), k0, k1, ts.acc.data(), ts.st.data(), ts.tile);
+      if (k0 < k1) {
+        ts.seg_lo.push_back(k0);
+        ts.seg_hi.push_back(k1);
+      }
     }
+    // One scan over the blocks in slot order (the rows of the blocks ahead are prefetched across blocks).
+    if (!ts.seg_lo.empty())
+      attend(kv, nq, ts.q.data(), ts.lo.data(), ts.hi.data(), ts.seg_lo.data(), ts.seg_hi.data(),
+             static_cast<int64_t>(ts.seg_lo.size()), ts.acc.data(), ts.st.data(), ts.tile);
     for (int64_t s = 0; s < shi; ++s) {
       const int64_t j = sel[s];
       if (j >= 0 && j < MP) ts.seen[j] = 0;

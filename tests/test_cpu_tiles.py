@@ -1,0 +1,140 @@
+"""The native CPU handlers' tile loop (kernels/cpu/attend.cc) against the float64 oracle, on the shapes that take
+each of its branches.
+
+The loop scores a tile for all query vectors of a work item in blocks of two vectors by four keys and applies the
+weights in blocks of four vectors by 16 columns (the blocked form), unless a needed V row holds a NaN or an
+infinity or the head dim is not a multiple of 8 (the per-vector form). The cases: query-vector counts of every
+remainder of those blocks, head dims that are multiples of 16, of 8 only and of neither, key ranges that start and
+end inside a tile, absent keys inside a tile (page-table entries -1 and past the pool), rows whose visible ranges
+differ within a tile (the causal diagonal, windows, chunks), split-K partitions, and a V row holding NaN that only a
+later row sees. `test_portable_loop` runs this file again in a child process with the portable loop forced
+(`MSA_OPS_CPU_ISA=generic`), the loop every CPU without AVX2 and FMA runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import oracle
+import pytest
+from conftest import BF16, FP8, assert_close, budget_for, jit_call, make_paged_cache, rand
+
+
+@pytest.fixture(autouse=True)
+def _native_cpu():
+    msa_ops = pytest.importorskip("msa_ops")
+    from msa_ops import _native
+
+    if not _native.available("cpu"):
+        pytest.skip("native CPU library not available")
+    import jax
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield msa_ops
+
+
+def _np(x) -> np.ndarray:
+    return np.asarray(x).astype(np.float32)
+
+
+# (group, head dim, rows of each sequence, cache of each sequence, mask, window, dtype)
+MHA_CASES = [
+    (1, 128, [3, 1, 70], [0, 5, 61], "causal", -1, "bf16"),        # odd vector counts: one vector left over
+    (3, 64, [7, 21, 2], [40, 0, 130], "causal", -1, "bf16"),       # 21 rows x 3 heads: 63 vectors (4k + 3)
+    (5, 24, [13, 1], [29, 77], "null", -1, "f32"),                  # D = 24: 16 + 8 columns; 65 = 4k + 1
+    (2, 8, [33, 4], [0, 90], "sliding_window_causal", 37, "f16"),   # D = 8; ranges differ row by row
+    (4, 128, [40, 6], [100, 3], "chunked_causal", 40, "bf16"),      # chunks start inside tiles
+    (6, 128, [5, 17], [250, 66], "sliding_window_noncausal", 50, "bf16"),
+    (4, 12, [9, 30], [44, 10], "causal", -1, "f32"),                # D = 12: the per-vector form
+    (16, 128, [1, 1, 1], [300, 63, 64], "causal", -1, "bf16"),      # decode, 16 vectors; tile edges
+]
+
+
+@pytest.mark.parametrize("num_partitions", [0, 3])
+@pytest.mark.parametrize("case", MHA_CASES, ids=lambda c: f"g{c[0]}-d{c[1]}-{c[4]}-{c[6]}")
+def test_mha_tiles_match_the_oracle(case, num_partitions, _native_cpu):
+    msa_ops = _native_cpu
+    group, d, n, cache, mask, window, dt = case
+    dtype = {"bf16": BF16, "f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}[dt]
+    rng = np.random.default_rng(sum(n) * 31 + d + group)
+    hkv, page = 2, 16
+    tokens = [c + m for c, m in zip(cache, n)]
+    pc = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
+                          head_dim=d, dtype=dtype)
+    lut = np.array(pc.lut)
+    # Absent keys inside the sequences' ranges: one page id -1 and one past the pool, both mid-sequence.
+    for b, t in enumerate(tokens):
+        if t > 3 * page:
+            lut[b, 1] = -1 if b % 2 == 0 else pc.kv_blocks.shape[0] + 5
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    q = rand(rng, (int(offs[-1]) + 1, group * hkv, d), dtype)
+    args = (q, offs, pc.kv_blocks, np.array(cache, np.int32), lut, np.int32(1))
+    kw = dict(mask_str=mask, local_window_size=window, num_partitions=num_partitions)
+    got = _np(jit_call(msa_ops.mha_ragged_paged, *args, implementation="native", **kw))
+    ref = oracle.mha_ragged_paged(*args, **kw)
+    assert_close(got, ref, budget_for(dtype), what=f"{case}, {num_partitions} partitions")
+
+
+def test_nan_value_seen_only_by_a_later_row(_native_cpu):
+    """A V row holding NaN in the tile, on the key of a sequence's last row: the rows before it (same tile, same
+    work item) must not see it, not even as 0 * NaN; they go through the per-vector form."""
+    msa_ops = _native_cpu
+    rng = np.random.default_rng(5)
+    n, cache, page, d = [20], [30], 16, 128
+    pc = make_paged_cache(rng, [50], page_size=page, max_pages=4, n_kv_heads=2, head_dim=d, dtype=BF16)
+    kv = np.array(pc.kv_blocks)
+    last = cache[0] + n[0] - 1
+    kv[pc.lut[0, last // page], 1, 0, last % page] = np.nan
+    offs = np.array([0, n[0]], np.int32)
+    q = rand(rng, (n[0], 8, d), BF16)
+    args = (q, offs, kv, np.array(cache, np.int32), pc.lut, np.int32(0))
+    got = _np(jit_call(msa_ops.mha_ragged_paged, *args, implementation="native", mask_str="causal"))
+    ref = oracle.mha_ragged_paged(*args, mask_str="causal")
+    assert_close(got[:-1], ref[:-1], budget_for(BF16), what="rows before the NaN key")
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp8"])
+@pytest.mark.parametrize("group", [1, 3, 16])
+def test_msa_tiles_match_the_oracle(dt, group, _native_cpu):
+    """MSA: each selected 128-token block is scanned as two 64-key tiles; rows of a speculative step see
+    different parts of their last block."""
+    msa_ops = _native_cpu
+    dtype = BF16 if dt == "bf16" else FP8
+    rng = np.random.default_rng(group * 7 + len(dt))
+    n, cache = [1, 5, 3], [400, 190, 70]
+    tokens = [c + m for c, m in zip(cache, n)]
+    pc = make_paged_cache(rng, tokens, page_size=128, max_pages=4, n_kv_heads=2, head_dim=128, dtype=dtype)
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    T = int(offs[-1])
+    q = rand(rng, (T, 2 * group, 128), dtype)
+    idx = np.stack([rng.permutation(np.array([0, 1, 2, 3, -1], np.int32))[:4] for _ in range(2 * T)])
+    idx = idx.reshape(2, T, 4)
+    args = (q, offs, None, pc.kv_blocks, np.array(cache, np.int32), pc.lut, np.int32(1), idx)
+    got = _np(jit_call(msa_ops.msa_attention_ragged_paged, *args, implementation="native"))
+    ref = oracle.msa_attention_ragged_paged(*args)
+    assert_close(got, ref, budget_for(BF16, dtype), what=f"MSA {dt} group {group}")
+
+
+def test_portable_loop():
+    """This file's other tests, in a child process whose tile loop is the portable one."""
+    import msa_ops
+    from msa_ops import _native
+
+    if not _native.available("cpu"):
+        pytest.skip("native CPU library not available")
+    if os.environ.get("MSA_OPS_CPU_ISA") == "generic":
+        assert _native.info()["platforms"]["cpu"]["archs"].endswith(";generic")
+        return
+    pkg_root = str(Path(msa_ops.__file__).resolve().parent.parent)
+    env = dict(os.environ, MSA_OPS_CPU_ISA="generic", JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    with tempfile.TemporaryDirectory() as cwd:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], cwd=cwd,
+                           env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
