@@ -6,6 +6,8 @@ Cases (bf16, D=128, pages shuffled over the pool):
            (GFLOP/s = 2 S^2 H D for causal, the FLOPs of the visible half)
   msa      mo.msa.attention.ragged.paged decode, B=8, H=32, Hkv=4, --cache keys each, topk 16 blocks of 128
            (GB/s over the selected blocks' K and V)
+  indexer  mo.msa.indexer.ragged.paged decode, B=8, 4 index heads, index head dim 128, --cache keys each, topk 16
+           (GB/s of index keys read)
 Prints a table and writes cpu_bench.json into --out.
 """
 
@@ -56,10 +58,22 @@ def msa_case(rng, b=8, h=32, hkv=4, cache=8192, topk=16, dtype=jnp.bfloat16):
     return args, b * hkv * topk * 128 * 128 * 2 * kv.dtype.itemsize, "GB/s"
 
 
+def indexer_case(rng, b=8, hi=4, d=128, cache=8192, dtype=jnp.bfloat16):
+    mp = -(-(cache + 1) // 128)
+    nb = b * mp + 5
+    k = jnp.asarray(rng.standard_normal((nb, 1, 1, 128, 1, d)), dtype)
+    lut = jnp.asarray(rng.permutation(nb)[: b * mp].reshape(b, mp), jnp.int32)
+    q = jnp.asarray(rng.standard_normal((b, hi, d)), dtype)
+    args = (q, jnp.arange(b + 1, dtype=jnp.int32), k, jnp.full((b,), cache, jnp.int32), lut, jnp.int32(0))
+    return args, b * (cache + 1) * d * k.dtype.itemsize, "GB/s"
+
+
 CASES = {
     "decode": (decode_case, lambda *x, i: msa_ops.mha_ragged_paged(*x, mask_str="causal", implementation=i)),
     "prefill": (prefill_case, lambda *x, i: msa_ops.mha_ragged_paged(*x, mask_str="causal", implementation=i)),
     "msa": (msa_case, lambda *x, i: msa_ops.msa_attention_ragged_paged(*x, implementation=i)),
+    "indexer": (indexer_case, lambda *x, i: msa_ops.msa_indexer_ragged_paged(
+        *x, topk=16, init_blocks=1, local_blocks=2, implementation=i)),
 }
 
 
@@ -76,8 +90,9 @@ def time_fn(fn, args, repeats=20, warmup=3):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="decode,prefill,msa", help="comma-separated: " + ", ".join(CASES))
-    ap.add_argument("--cache", type=int, default=None, help="cached keys per sequence (decode 4096, msa 8192)")
+    ap.add_argument("--cases", default="decode,prefill,msa,indexer", help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--cache", type=int, default=None,
+                    help="cached keys per sequence (decode 4096, msa and indexer 8192)")
     ap.add_argument("--prompt", type=int, default=1024, help="prefill prompt rows")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--impls", default="reference,native")

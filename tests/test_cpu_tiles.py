@@ -1,5 +1,5 @@
-"""The native CPU handlers' tile loop (kernels/cpu/attend.cc) against the float64 oracle, on the shapes that take
-each of its branches.
+"""The native CPU handlers' vector loops (the attention tile loop of kernels/cpu/attend.cc and the indexer's scoring
+loop) against the float64 oracle, on the shapes that take each of their branches.
 
 The loop scores a tile for all query vectors of a work item in blocks of two vectors by four keys and applies the
 weights in blocks of four vectors by 16 columns (the blocked form), unless a needed V row holds a NaN or an
@@ -7,8 +7,9 @@ infinity or the head dim is not a multiple of 8 (the per-vector form). The cases
 remainder of those blocks, head dims that are multiples of 16, of 8 only and of neither, key ranges that start and
 end inside a tile, absent keys inside a tile (page-table entries -1 and past the pool), rows whose visible ranges
 differ within a tile (the causal diagonal, windows, chunks), split-K partitions, and a V row holding NaN that only a
-later row sees. `test_portable_loop` runs this file again in a child process with the portable loop forced
-(`MSA_OPS_CPU_ISA=generic`), the loop every CPU without AVX2 and FMA runs.
+later row sees; for the indexer, items of odd vector counts, head dims off the vector width, absent pages, and planted
+block maxima at every key offset. `test_portable_loop` runs this file again in a child process with the portable
+loops forced (`MSA_OPS_CPU_ISA=generic`), the loops every CPU without AVX2 and FMA runs.
 """
 
 from __future__ import annotations
@@ -118,6 +119,69 @@ def test_msa_tiles_match_the_oracle(dt, group, _native_cpu):
     got = _np(jit_call(msa_ops.msa_attention_ragged_paged, *args, implementation="native"))
     ref = oracle.msa_attention_ragged_paged(*args)
     assert_close(got, ref, budget_for(BF16, dtype), what=f"MSA {dt} group {group}")
+
+
+# (index heads, index head dim, rows of each sequence, cache of each sequence, dtype)
+INDEXER_CASES = [
+    (4, 128, [1, 1, 1], [900, 127, 128], "bf16"),   # decode; a block boundary at the last key
+    (3, 24, [13, 9], [200, 0], "f32"),              # 8-row items: 24 and 3 query vectors (odd); D = 24
+    (1, 12, [20, 1], [100, 650], "f16"),            # D = 12: single-vector scores in the AVX2 loop
+    (2, 64, [300], [500], "fp8"),                   # a long prompt: rows of one item cross blocks
+]
+
+
+@pytest.mark.parametrize("case", INDEXER_CASES, ids=lambda c: f"hi{c[0]}-d{c[1]}-{c[4]}")
+def test_indexer_blocks_match_the_oracle(case, _native_cpu):
+    """The indexer's scoring loop (rows of an item x index heads in blocks of two, a block's keys in fours), with a
+    page of the sequence absent (-1) and one past the pool: those blocks are ineligible."""
+    from test_reference import assert_indexer_matches
+
+    msa_ops = _native_cpu
+    hi, d, n, cache, dt = case
+    dtype = {"bf16": BF16, "f16": np.dtype(np.float16), "f32": np.dtype(np.float32), "fp8": FP8}[dt]
+    rng = np.random.default_rng(d * 13 + hi)
+    tokens = [c + m for c, m in zip(cache, n)]
+    pc = make_paged_cache(rng, tokens, page_size=128, max_pages=-(-max(tokens) // 128) + 1, n_kv_heads=1,
+                          head_dim=d, dtype=dtype, kv=1)
+    lut = np.array(pc.lut)
+    for b, t in enumerate(tokens):
+        if t > 3 * 128:
+            lut[b, 1] = -1 if b % 2 == 0 else pc.kv_blocks.shape[0] + 5
+    offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    q = rand(rng, (int(offs[-1]) + 1, hi, d), dtype)
+    args = (q, offs, pc.kv_blocks, np.array(cache, np.int32), lut, np.int32(1))
+    kw = {"topk": 3, "init_blocks": 1, "local_blocks": 1}
+    got = np.asarray(jit_call(msa_ops.msa_indexer_ragged_paged, *args, implementation="native", **kw))
+    ref, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
+    assert_indexer_matches(got, ref, scores, elig, **kw)
+
+
+@pytest.mark.parametrize("d", [12, 128])
+def test_indexer_planted_block_maxima(d, _native_cpu):
+    """Each block's maximum is one planted key, with block scores of distinct ranks; the four best blocks hold theirs
+    at the four offsets modulo 4 (the scoring loop's key blocks), so a key scored wrongly at any offset changes the
+    top 4."""
+    msa_ops = _native_cpu
+    rng = np.random.default_rng(d)
+    cache = [1000, 700]
+    tokens = [c + 1 for c in cache]
+    pc = make_paged_cache(rng, tokens, page_size=128, max_pages=8, n_kv_heads=1, head_dim=d,
+                          dtype=np.dtype(np.float32), kv=1, std=0.5)
+    kv = np.array(pc.kv_blocks)
+    q = rand(rng, (2, 1, d), np.dtype(np.float32))
+    for b, t in enumerate(tokens):
+        nblk = -(-t // 128)
+        ranks = rng.permutation(nblk)
+        for j in range(nblk):
+            keys = min(128, t - 128 * j)
+            slot = min(4 * int(rng.integers(0, 32)) + int(ranks[j]) % 4, keys - 1)
+            score = np.sqrt(d) * (6.0 + ranks[j])  # q.k; the scaled score 6 + rank beats every random key
+            kv[pc.lut[b, j], 0, 1, slot, 0] = q[b, 0] * (score / float(q[b, 0] @ q[b, 0]))
+    args = (q, np.array([0, 1, 2], np.int32), kv, np.array(cache, np.int32), pc.lut, np.int32(1))
+    kw = {"topk": 4, "init_blocks": 0, "local_blocks": 0}
+    got = np.asarray(jit_call(msa_ops.msa_indexer_ragged_paged, *args, implementation="native", **kw))
+    ref = oracle.msa_indexer_ragged_paged(*args, **kw)
+    np.testing.assert_array_equal(got, ref)
 
 
 def test_portable_loop():

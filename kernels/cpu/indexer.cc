@@ -1,11 +1,13 @@
 // CPU handler of the MSA block indexer (SEMANTICS.md §8): per query row and index head, score every
-// eligible 128-token block by its max visible key score and pick top-k (forced init/local blocks first).
+// eligible 128-token block by its max visible key score and pick top-k (forced init/local blocks first). The
+// scoring loop is compiled as a baseline loop and an AVX2+FMA clone (simd.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "handler_util.h"
+#include "simd.h"
 #include "msa_ops/ffi_signatures.h"
 #include "msa_ops/paged.h"
 #include "thread_pool.h"
@@ -69,6 +71,100 @@ void select_blocks(const IndexerProblem& pr, const float* score, const unsigned 
   for (int64_t i = 0; i < topk; ++i) dst[i] = i < n ? ts.chosen[i] : -1;
 }
 
+// The scores of one work item: for each of its rows r, index heads h and blocks j, the max over the block's keys
+// k <= the row's position of q.k (q already scaled); ts.eligible[r][j] where the row sees a key of block j. Each
+// block's rows are converted to f32 once for all nr x Hi query vectors, while the next block's rows are prefetched
+// (its page is elsewhere in the pool), and scored in blocks of 2 query vectors x 4 keys (simd.h).
+template <typename T, int L>
+MSA_OPS_ALWAYS_INLINE inline void score_item_impl(const IndexerProblem& pr, const IndexerItem& it, int64_t c,
+                                                  int64_t key_end, int64_t nblk, int64_t row0, IndexerScratch& ts) {
+  constexpr int64_t BS = kMsaBlockSize;
+  const int64_t Hi = pr.Hi, Di = pr.Di, nr = it.r1 - it.r0, nv = nr * Hi;
+  const int64_t row_bytes = Di * static_cast<int64_t>(sizeof(T));
+  const T* kbase = static_cast<const T*>(pr.k);
+  const int32_t* table_row = pr.table + it.b * pr.geo.max_pages;
+  const float* q = ts.q.data();
+  float* kf = ts.kt.data();  // [BS][Di]
+  float* s = ts.s.data();    // [nv][BS]
+  auto block_rows = [&](int64_t j) -> const T* {
+    const int64_t page = j < nblk ? pr.geo.page_of(table_row, j * BS) : -1;
+    return page < 0 ? nullptr : kbase + pr.geo.offset(page, 0, 0, 0);
+  };
+  const T* next = block_rows(0);
+  for (int64_t j = 0; j < nblk; ++j) {
+    const T* rows = next;
+    next = block_rows(j + 1);
+    if (rows == nullptr) continue;
+    const int64_t k0 = j * BS, n = std::min(k0 + BS, key_end) - k0;
+    if (n <= 0) continue;
+    for (int64_t kk = 0; kk < n; ++kk) {
+      if (next != nullptr) prefetch_row(reinterpret_cast<const char*>(next + kk * Di),
+                                        reinterpret_cast<const char*>(next + kk * Di), row_bytes);
+      convert_row<L, T>(rows + kk * Di, kf + kk * Di, Di);
+    }
+    if (next != nullptr)
+      for (int64_t kk = n; kk < BS; ++kk)
+        prefetch_row(reinterpret_cast<const char*>(next + kk * Di), reinterpret_cast<const char*>(next + kk * Di),
+                     row_bytes);
+    // Keys a row sees: k0 .. k0 + cnt - 1 (<= its position); the last row sees the most.
+    const int64_t n_seen = std::min(n, c + (it.r1 - 1 - row0) + 1 - k0);
+    if (n_seen <= 0) continue;
+    if (Di % L == 0) {
+      for (int64_t v = 0; v < nv; v += 2) {
+        const float* q0 = q + v * Di;
+        const float* q1 = v + 1 < nv ? q0 + Di : q0;
+        for (int64_t kk = 0; kk < n_seen; kk += 4) {
+          const int64_t last = n_seen - 1;
+          float r[8];
+          dots_2x4<L>(q0, q1, kf + kk * Di, kf + std::min(kk + 1, last) * Di, kf + std::min(kk + 2, last) * Di,
+                      kf + std::min(kk + 3, last) * Di, Di, r);
+          const int64_t cnt = std::min<int64_t>(4, n_seen - kk);
+          for (int64_t u = 0; u < cnt; ++u) s[v * BS + kk + u] = r[u];
+          if (v + 1 < nv)
+            for (int64_t u = 0; u < cnt; ++u) s[(v + 1) * BS + kk + u] = r[4 + u];
+        }
+      }
+    } else {
+      for (int64_t v = 0; v < nv; ++v)
+        for (int64_t kk = 0; kk < n_seen; kk += 4) {
+          const int64_t last = n_seen - 1;
+          float r[4];
+          dot4<L>(q + v * Di, kf + kk * Di, kf + std::min(kk + 1, last) * Di, kf + std::min(kk + 2, last) * Di,
+                  kf + std::min(kk + 3, last) * Di, Di, r);
+          for (int64_t u = 0; u < std::min<int64_t>(4, n_seen - kk); ++u) s[v * BS + kk + u] = r[u];
+        }
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t pos = c + (it.r0 + r - row0);
+      const int64_t cnt = std::min(n, pos + 1 - k0);  // keys k0..k0+cnt-1 are <= pos
+      if (cnt <= 0) continue;
+      ts.eligible[r * nblk + j] = 1;
+      for (int64_t h = 0; h < Hi; ++h) {
+        const float* sv = s + (r * Hi + h) * BS;
+        float m = -INFINITY;
+        for (int64_t kk = 0; kk < cnt; ++kk)
+          if (sv[kk] > m) m = sv[kk];  // NaN scores never win
+        ts.scores[(r * Hi + h) * nblk + j] = m;
+      }
+    }
+  }
+}
+
+template <typename T>
+void score_item_generic(const IndexerProblem& pr, const IndexerItem& it, int64_t c, int64_t key_end, int64_t nblk,
+                        int64_t row0, IndexerScratch& ts) {
+  score_item_impl<T, 4>(pr, it, c, key_end, nblk, row0, ts);
+}
+
+#if defined(MSA_OPS_X86_CLONE)
+template <typename T>
+__attribute__((target("avx2,fma"))) void score_item_avx2(const IndexerProblem& pr, const IndexerItem& it, int64_t c,
+                                                         int64_t key_end, int64_t nblk, int64_t row0,
+                                                         IndexerScratch& ts) {
+  score_item_impl<T, 8>(pr, it, c, key_end, nblk, row0, ts);
+}
+#endif
+
 template <typename T>
 void run_indexer(const IndexerProblem& pr, const std::vector<int64_t>& eff, const std::vector<int64_t>& cache) {
   const int64_t T_ = pr.T, Hi = pr.Hi, Di = pr.Di, topk = pr.topk, BS = kMsaBlockSize;
@@ -79,13 +175,15 @@ void run_indexer(const IndexerProblem& pr, const std::vector<int64_t>& eff, cons
   for (int64_t b = 0; b < B; ++b)
     for (int64_t r0 = eff[b]; r0 < eff[b + 1]; r0 += kRowsPerItem)
       items.push_back({b, r0, std::min(eff[b + 1], r0 + kRowsPerItem)});
-  const T* kbase = static_cast<const T*>(pr.k);
   const int64_t s_max = pr.geo.s_max();
+  auto score_item = &score_item_generic<T>;
+#if defined(MSA_OPS_X86_CLONE)
+  if (use_avx2()) score_item = &score_item_avx2<T>;
+#endif
 
   ThreadPool::instance().parallel_for(static_cast<int64_t>(items.size()), [&](int64_t wi) {
     thread_local IndexerScratch ts;
     const IndexerItem& it = items[wi];
-    const int32_t* table_row = pr.table + it.b * pr.geo.max_pages;
     const int64_t c = cache[it.b];
     const int64_t num_keys = c + (eff[it.b + 1] - eff[it.b]);
     const int64_t kmax = std::min(num_keys, s_max);
@@ -99,40 +197,10 @@ void run_indexer(const IndexerProblem& pr, const std::vector<int64_t>& eff, cons
         for (int64_t d = 0; d < Di; ++d)
           ts.q[(r * Hi + h) * Di + d] = load_float(pr.q_type, pr.q, ((it.r0 + r) * Hi + h) * Di + d) * pr.scale;
     ts.kt.resize(Di * BS);
-    ts.s.resize(BS);
+    ts.s.resize(nr * Hi * BS);
     ts.scores.assign(nr * Hi * std::max<int64_t>(nblk, 1), -INFINITY);
     ts.eligible.assign(nr * std::max<int64_t>(nblk, 1), 0);
-    for (int64_t j = 0; j < nblk; ++j) {
-      const int64_t page = pr.geo.page_of(table_row, j * BS);
-      if (page < 0) continue;
-      const int64_t k0 = j * BS, k1 = std::min(k0 + BS, key_end);
-      const int64_t n = k1 - k0;
-      if (n <= 0) continue;
-      for (int64_t kk = 0; kk < n; ++kk) {
-        const T* src = kbase + pr.geo.offset(page, 0, kk, 0);
-        for (int64_t d = 0; d < Di; ++d) ts.kt[d * BS + kk] = to_float(src[d]);
-      }
-      for (int64_t r = 0; r < nr; ++r) {
-        const int64_t pos = c + (it.r0 + r - eff[it.b]);
-        const int64_t cnt = std::min(n, pos + 1 - k0);  // keys k0..k0+cnt-1 are <= pos
-        if (cnt <= 0) continue;
-        ts.eligible[r * nblk + j] = 1;
-        for (int64_t h = 0; h < Hi; ++h) {
-          const float* qv = ts.q.data() + (r * Hi + h) * Di;
-          float* s = ts.s.data();
-          for (int64_t kk = 0; kk < cnt; ++kk) s[kk] = 0.f;
-          for (int64_t d = 0; d < Di; ++d) {
-            const float qd = qv[d];
-            const float* kr = ts.kt.data() + d * BS;
-            for (int64_t kk = 0; kk < cnt; ++kk) s[kk] += qd * kr[kk];
-          }
-          float m = -INFINITY;
-          for (int64_t kk = 0; kk < cnt; ++kk)
-            if (s[kk] > m) m = s[kk];  // NaN scores never win
-          ts.scores[(r * Hi + h) * nblk + j] = m;
-        }
-      }
-    }
+    score_item(pr, it, c, key_end, nblk, eff[it.b], ts);
     for (int64_t r = 0; r < nr; ++r)
       for (int64_t h = 0; h < Hi; ++h)
         select_blocks(pr, ts.scores.data() + (r * Hi + h) * nblk, ts.eligible.data() + r * nblk, nblk, ts,
