@@ -98,27 +98,23 @@ MSA_OPS_ALWAYS_INLINE inline void score_item_impl(const IndexerProblem& pr, cons
     const int64_t k0 = j * BS, n = std::min(k0 + BS, key_end) - k0;
     if (n <= 0) continue;
     for (int64_t kk = 0; kk < n; ++kk) {
-      if (next != nullptr) prefetch_row(reinterpret_cast<const char*>(next + kk * Di),
-                                        reinterpret_cast<const char*>(next + kk * Di), row_bytes);
+      if (next != nullptr) prefetch_row(reinterpret_cast<const char*>(next + kk * Di), row_bytes);
       convert_row<L, T>(rows + kk * Di, kf + kk * Di, Di);
     }
     if (next != nullptr)
       for (int64_t kk = n; kk < BS; ++kk)
-        prefetch_row(reinterpret_cast<const char*>(next + kk * Di), reinterpret_cast<const char*>(next + kk * Di),
-                     row_bytes);
-    // Keys a row sees: k0 .. k0 + cnt - 1 (<= its position); the last row sees the most.
-    const int64_t n_seen = std::min(n, c + (it.r1 - 1 - row0) + 1 - k0);
-    if (n_seen <= 0) continue;
+        prefetch_row(reinterpret_cast<const char*>(next + kk * Di), row_bytes);
+    // Scores of the block's keys below key_end (the keys the item's last row sees) for every query vector.
     if (Di % L == 0) {
       for (int64_t v = 0; v < nv; v += 2) {
         const float* q0 = q + v * Di;
         const float* q1 = v + 1 < nv ? q0 + Di : q0;
-        for (int64_t kk = 0; kk < n_seen; kk += 4) {
-          const int64_t last = n_seen - 1;
+        for (int64_t kk = 0; kk < n; kk += 4) {
+          const int64_t last = n - 1;
           float r[8];
           dots_2x4<L>(q0, q1, kf + kk * Di, kf + std::min(kk + 1, last) * Di, kf + std::min(kk + 2, last) * Di,
                       kf + std::min(kk + 3, last) * Di, Di, r);
-          const int64_t cnt = std::min<int64_t>(4, n_seen - kk);
+          const int64_t cnt = std::min<int64_t>(4, n - kk);
           for (int64_t u = 0; u < cnt; ++u) s[v * BS + kk + u] = r[u];
           if (v + 1 < nv)
             for (int64_t u = 0; u < cnt; ++u) s[(v + 1) * BS + kk + u] = r[4 + u];
@@ -126,12 +122,12 @@ MSA_OPS_ALWAYS_INLINE inline void score_item_impl(const IndexerProblem& pr, cons
       }
     } else {
       for (int64_t v = 0; v < nv; ++v)
-        for (int64_t kk = 0; kk < n_seen; kk += 4) {
-          const int64_t last = n_seen - 1;
+        for (int64_t kk = 0; kk < n; kk += 4) {
+          const int64_t last = n - 1;
           float r[4];
           dot4<L>(q + v * Di, kf + kk * Di, kf + std::min(kk + 1, last) * Di, kf + std::min(kk + 2, last) * Di,
                   kf + std::min(kk + 3, last) * Di, Di, r);
-          for (int64_t u = 0; u < std::min<int64_t>(4, n_seen - kk); ++u) s[v * BS + kk + u] = r[u];
+          for (int64_t u = 0; u < std::min<int64_t>(4, n - kk); ++u) s[v * BS + kk + u] = r[u];
         }
     }
     for (int64_t r = 0; r < nr; ++r) {

@@ -203,8 +203,11 @@ MSA_OPS_ALWAYS_INLINE inline bool convert_row(const T* src, float* dst, int64_t 
   }
 }
 
-// Software prefetch of one row of K and of V (the cache is read once, through the page table: the hardware
-// prefetchers do not follow it).
+// Software prefetch of a row of `bytes` bytes, or of one row of K and one of V (the cache is read once, through
+// the page table: the hardware prefetchers do not follow it).
+MSA_OPS_ALWAYS_INLINE inline void prefetch_row(const char* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+}
 MSA_OPS_ALWAYS_INLINE inline void prefetch_row(const char* k, const char* v, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) {
     __builtin_prefetch(k + off);
