@@ -2,7 +2,8 @@
 loop) against the float64 oracle, on the shapes that take each of their branches.
 
 The loop scores a tile for all query vectors of a work item in blocks of two vectors by four keys and applies the
-weights in blocks of four vectors by 16 columns (the blocked form), unless a needed V row holds a NaN or an
+weights in blocks of four vectors by two vectors of columns (16 in the AVX2 loop, 8 in the portable one: the blocked
+form), unless a needed V row holds a NaN or an
 infinity or the head dim is not a multiple of 8 (the per-vector form). The cases: query-vector counts of every
 remainder of those blocks, head dims that are multiples of 16, of 8 only and of neither, key ranges that start and
 end inside a tile, absent keys inside a tile (page-table entries -1 and past the pool), rows whose visible ranges
@@ -43,14 +44,15 @@ def _np(x) -> np.ndarray:
     return np.asarray(x).astype(np.float32)
 
 
-# (group, head dim, rows of each sequence, cache of each sequence, mask, window, dtype)
+# (group, head dim, rows of each sequence, cache of each sequence, mask, window, dtype). A work item holds
+# min(32, 64 / group) rows (at least 1) x group query vectors; the comments give its vector counts.
 MHA_CASES = [
-    (1, 128, [3, 1, 70], [0, 5, 61], "causal", -1, "bf16"),        # odd vector counts: one vector left over
-    (3, 64, [7, 21, 2], [40, 0, 130], "causal", -1, "bf16"),       # 21 rows x 3 heads: 63 vectors (4k + 3)
-    (5, 24, [13, 1], [29, 77], "null", -1, "f32"),                  # D = 24: 16 + 8 columns; 65 = 4k + 1
+    (1, 128, [3, 1, 70], [0, 5, 61], "causal", -1, "bf16"),        # 3, 1, 32, 32, 6: every remainder of 2 and 4
+    (3, 64, [7, 21, 2], [40, 0, 130], "causal", -1, "bf16"),       # 21, 63 (4k + 3), 6
+    (5, 24, [13, 1], [29, 77], "null", -1, "f32"),                  # D = 24: 16 + 8 columns; 60, 5 (4k + 1)
     (2, 8, [33, 4], [0, 90], "sliding_window_causal", 37, "f16"),   # D = 8; ranges differ row by row
     (4, 128, [40, 6], [100, 3], "chunked_causal", 40, "bf16"),      # chunks start inside tiles
-    (6, 128, [5, 17], [250, 66], "sliding_window_noncausal", 50, "bf16"),
+    (6, 128, [5, 17], [250, 66], "sliding_window_noncausal", 50, "bf16"),  # 30, 60, 42
     (4, 12, [9, 30], [44, 10], "causal", -1, "f32"),                # D = 12: the per-vector form
     (16, 128, [1, 1, 1], [300, 63, 64], "causal", -1, "bf16"),      # decode, 16 vectors; tile edges
 ]
@@ -81,22 +83,30 @@ def test_mha_tiles_match_the_oracle(case, num_partitions, _native_cpu):
     assert_close(got, ref, budget_for(dtype), what=f"{case}, {num_partitions} partitions")
 
 
-def test_nan_value_seen_only_by_a_later_row(_native_cpu):
-    """A V row holding NaN in the tile, on the key of a sequence's last row: the rows before it (same tile, same
-    work item) must not see it, not even as 0 * NaN; they go through the per-vector form."""
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_non_finite_key_seen_only_by_a_later_row(which, value, _native_cpu):
+    """A K or V row holding NaN or an infinity, on the key of a sequence's last row, and NaN in every slot and page
+    no row sees: the rows before it (same tile, same work item) must not see it, not even as 0 * NaN. A non-finite
+    K leaves the tile on the blocked form (its score is masked); a non-finite V sends it to the per-vector form."""
+    from test_reference import poison_unseen
+
     msa_ops = _native_cpu
     rng = np.random.default_rng(5)
     n, cache, page, d = [20], [30], 16, 128
-    pc = make_paged_cache(rng, [50], page_size=page, max_pages=4, n_kv_heads=2, head_dim=d, dtype=BF16)
-    kv = np.array(pc.kv_blocks)
+    pc = make_paged_cache(rng, [50], page_size=page, max_pages=4, n_kv_heads=2, head_dim=d, dtype=BF16,
+                          junk_tail=False)
+    kv = poison_unseen(pc.kv_blocks, pc.lut, cache, n, page)
     last = cache[0] + n[0] - 1
-    kv[pc.lut[0, last // page], 1, 0, last % page] = np.nan
+    kv[pc.lut[0, last // page], 0 if which == "k" else 1, 0, last % page] = value
     offs = np.array([0, n[0]], np.int32)
     q = rand(rng, (n[0], 8, d), BF16)
     args = (q, offs, kv, np.array(cache, np.int32), pc.lut, np.int32(0))
-    got = _np(jit_call(msa_ops.mha_ragged_paged, *args, implementation="native", mask_str="causal"))
-    ref = oracle.mha_ragged_paged(*args, mask_str="causal")
-    assert_close(got[:-1], ref[:-1], budget_for(BF16), what="rows before the NaN key")
+    for parts in (0, 2):
+        got = _np(jit_call(msa_ops.mha_ragged_paged, *args, implementation="native", mask_str="causal",
+                           num_partitions=parts))
+        ref = oracle.mha_ragged_paged(*args, mask_str="causal")
+        assert_close(got[:-1], ref[:-1], budget_for(BF16), what=f"rows before the {which} = {value} key")
 
 
 @pytest.mark.parametrize("dt", ["bf16", "fp8"])
@@ -124,8 +134,8 @@ def test_msa_tiles_match_the_oracle(dt, group, _native_cpu):
 # (index heads, index head dim, rows of each sequence, cache of each sequence, dtype)
 INDEXER_CASES = [
     (4, 128, [1, 1, 1], [900, 127, 128], "bf16"),   # decode; a block boundary at the last key
-    (3, 24, [13, 9], [200, 0], "f32"),              # 8-row items: 24 and 3 query vectors (odd); D = 24
-    (1, 12, [20, 1], [100, 650], "f16"),            # D = 12: single-vector scores in the AVX2 loop
+    (3, 24, [13, 9], [700, 400], "f32"),            # 8-row items: 24, 15 and 3 query vectors; D = 24
+    (1, 12, [20, 1], [500, 650], "f16"),            # D = 12: single-vector scores in the AVX2 loop
     (2, 64, [300], [500], "fp8"),                   # a long prompt: rows of one item cross blocks
 ]
 
@@ -156,27 +166,30 @@ def test_indexer_blocks_match_the_oracle(case, _native_cpu):
     assert_indexer_matches(got, ref, scores, elig, **kw)
 
 
-@pytest.mark.parametrize("d", [12, 128])
-def test_indexer_planted_block_maxima(d, _native_cpu):
+@pytest.mark.parametrize("hi,d", [(1, 12), (1, 128), (3, 24)])
+def test_indexer_planted_block_maxima(hi, d, _native_cpu):
     """Each block's maximum is one planted key, with block scores of distinct ranks; the four best blocks hold theirs
     at the four offsets modulo 4 (the scoring loop's key blocks), so a key scored wrongly at any offset changes the
-    top 4."""
+    top 4. Index head h's query is (1 + h) times head 0's, so that every head's top 4 is planted (three heads: a
+    pair of query vectors and one left over)."""
     msa_ops = _native_cpu
-    rng = np.random.default_rng(d)
+    rng = np.random.default_rng(d + hi)
     cache = [1000, 700]
     tokens = [c + 1 for c in cache]
     pc = make_paged_cache(rng, tokens, page_size=128, max_pages=8, n_kv_heads=1, head_dim=d,
                           dtype=np.dtype(np.float32), kv=1, std=0.5)
     kv = np.array(pc.kv_blocks)
-    q = rand(rng, (2, 1, d), np.dtype(np.float32))
+    q0 = rand(rng, (2, 1, d), np.dtype(np.float32))
+    q = np.concatenate([q0 * (1 + h) for h in range(hi)], axis=1)
     for b, t in enumerate(tokens):
         nblk = -(-t // 128)
         ranks = rng.permutation(nblk)
         for j in range(nblk):
-            keys = min(128, t - 128 * j)
-            slot = min(4 * int(rng.integers(0, 32)) + int(ranks[j]) % 4, keys - 1)
-            score = np.sqrt(d) * (6.0 + ranks[j])  # q.k; the scaled score 6 + rank beats every random key
-            kv[pc.lut[b, j], 0, 1, slot, 0] = q[b, 0] * (score / float(q[b, 0] @ q[b, 0]))
+            keys, offset = min(128, t - 128 * j), int(ranks[j]) % 4
+            slot = 4 * int(rng.integers(0, (keys - offset - 1) // 4 + 1)) + offset
+            assert slot < keys
+            score = np.sqrt(d) * (6.0 + ranks[j])  # q0.k; the scaled score 6 + rank beats every random key
+            kv[pc.lut[b, j], 0, 1, slot, 0] = q0[b, 0] * (score / float(q0[b, 0] @ q0[b, 0]))
     args = (q, np.array([0, 1, 2], np.int32), kv, np.array(cache, np.int32), pc.lut, np.int32(1))
     kw = {"topk": 4, "init_blocks": 0, "local_blocks": 0}
     got = np.asarray(jit_call(msa_ops.msa_indexer_ragged_paged, *args, implementation="native", **kw))
