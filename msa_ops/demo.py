@@ -3,6 +3,7 @@ attention in one jitted step, check against a direct float64 computation, and re
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -99,7 +100,8 @@ def run_demo(steps: int = 8, seed: int = 0, implementation: str = "auto") -> int
                                                 implementation=implementation)
         return kv, idx, dense, sel, sparse
 
-    @jax.jit
+    # The pools are donated: the stores then write into them in place instead of into a copy (SPEC.md, op 9).
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
     def step(kv, idx, q, k, v, ik, iq, offsets, cache_lengths, lut):
         def body(carry, layer):
             kv, idx = carry
