@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--implementation", default="auto", choices=["auto", "reference", "native"])
     sub.add_parser("info", help="versions, native libraries, FFI targets, CUDA archs")
-    sub.add_parser("bench", help="run the CPU benchmark (benchmarks/cpu_bench.py: decode, prefill and MSA decode, "
-                   "native against the reference); the arguments after 'bench' go to it (e.g. python -m msa_ops "
-                   "bench --help)", add_help=False)
+    sub.add_parser("bench", help="run the CPU benchmark (benchmarks/cpu_bench.py: decode, prefill, MSA decode and "
+                   "indexer, native against the reference); the arguments after 'bench' go to it (e.g. python -m "
+                   "msa_ops bench --help)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.cmd != "bench" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
