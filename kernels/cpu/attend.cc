@@ -61,20 +61,7 @@ MSA_OPS_ALWAYS_INLINE inline void tile_blocked(int64_t nq, const float* q, const
   typedef typename Vec<L>::F F;
   typedef typename Vec<L>::I I;
   constexpr int64_t BN = kBlockN;
-  for (int64_t i = 0; i < nq; i += 2) {
-    const float* q0 = q + i * D;
-    const float* q1 = i + 1 < nq ? q0 + D : q0;
-    for (int64_t j = need_lo; j < need_hi; j += 4) {
-      const int64_t last = need_hi - 1;
-      const int64_t j1 = std::min(j + 1, last), j2 = std::min(j + 2, last), j3 = std::min(j + 3, last);
-      float r[8];
-      dots_2x4<L>(q0, q1, kf + j * D, kf + j1 * D, kf + j2 * D, kf + j3 * D, D, r);
-      const int64_t cnt = std::min<int64_t>(4, need_hi - j);
-      for (int64_t u = 0; u < cnt; ++u) s[i * BN + j + u] = r[u];
-      if (i + 1 < nq)
-        for (int64_t u = 0; u < cnt; ++u) s[(i + 1) * BN + j + u] = r[4 + u];
-    }
-  }
+  scores_2x4<L>(q, nq, D, kf, need_lo, need_hi, s, BN);
   I iota;
   for (int u = 0; u < L; ++u) iota[u] = u;
   const F ninf = splat<L>(neg_inf());

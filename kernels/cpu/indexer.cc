@@ -106,20 +106,7 @@ MSA_OPS_ALWAYS_INLINE inline void score_item_impl(const IndexerProblem& pr, cons
         prefetch_row(reinterpret_cast<const char*>(next + kk * Di), row_bytes);
     // Scores of the block's keys below key_end (the keys the item's last row sees) for every query vector.
     if (Di % L == 0) {
-      for (int64_t v = 0; v < nv; v += 2) {
-        const float* q0 = q + v * Di;
-        const float* q1 = v + 1 < nv ? q0 + Di : q0;
-        for (int64_t kk = 0; kk < n; kk += 4) {
-          const int64_t last = n - 1;
-          float r[8];
-          dots_2x4<L>(q0, q1, kf + kk * Di, kf + std::min(kk + 1, last) * Di, kf + std::min(kk + 2, last) * Di,
-                      kf + std::min(kk + 3, last) * Di, Di, r);
-          const int64_t cnt = std::min<int64_t>(4, n - kk);
-          for (int64_t u = 0; u < cnt; ++u) s[v * BS + kk + u] = r[u];
-          if (v + 1 < nv)
-            for (int64_t u = 0; u < cnt; ++u) s[(v + 1) * BS + kk + u] = r[4 + u];
-        }
-      }
+      scores_2x4<L>(q, nv, Di, kf, 0, n, s, BS);
     } else {
       for (int64_t v = 0; v < nv; ++v)
         for (int64_t kk = 0; kk < n; kk += 4) {

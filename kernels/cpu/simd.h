@@ -5,6 +5,7 @@
 #ifndef MSA_OPS_CPU_SIMD_H_
 #define MSA_OPS_CPU_SIMD_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -170,6 +171,28 @@ MSA_OPS_ALWAYS_INLINE inline void dots_2x4(const float* q0, const float* q1, con
     a[7] += x1 * y3;
   }
   reduce8<L>(a, out);
+}
+
+// Scores of nv query vectors q[nv][D] against the key rows kf[j][D], j in [jlo, jhi) (D a multiple of L), in blocks
+// of 2 vectors x 4 keys: s[v * ld + j] = q_v . k_j. A short last block of keys repeats the last key; an odd last
+// vector is scored as its own pair.
+template <int L>
+MSA_OPS_ALWAYS_INLINE inline void scores_2x4(const float* q, int64_t nv, int64_t D, const float* kf, int64_t jlo,
+                                             int64_t jhi, float* s, int64_t ld) {
+  const int64_t last = jhi - 1;
+  for (int64_t v = 0; v < nv; v += 2) {
+    const float* q0 = q + v * D;
+    const float* q1 = v + 1 < nv ? q0 + D : q0;
+    for (int64_t j = jlo; j < jhi; j += 4) {
+      float r[8];
+      dots_2x4<L>(q0, q1, kf + j * D, kf + std::min(j + 1, last) * D, kf + std::min(j + 2, last) * D,
+                  kf + std::min(j + 3, last) * D, D, r);
+      const int64_t cnt = std::min<int64_t>(4, jhi - j);
+      for (int64_t u = 0; u < cnt; ++u) s[v * ld + j + u] = r[u];
+      if (v + 1 < nv)
+        for (int64_t u = 0; u < cnt; ++u) s[(v + 1) * ld + j + u] = r[4 + u];
+    }
+  }
 }
 
 // One row of K or V to f32; returns false when the row holds a NaN or an infinity.
