@@ -25,10 +25,12 @@ import numpy as np
 import msa_ops
 
 
-def paged(rng, tokens, hkv, d, page, dtype):
+def paged(rng, tokens, hkv, d, page, dtype, kv=2):
+    """A pool with room for the sequences' pages and 5 more (kv = 2: K and V; 1: the indexer's keys) and a page table
+    that scatters each sequence's pages over it."""
     mp = -(-max(tokens) // page)
     nb = len(tokens) * mp + 5
-    kv = jnp.asarray(rng.standard_normal((nb, 2, 1, page, hkv, d)), dtype)
+    kv = jnp.asarray(rng.standard_normal((nb, kv, 1, page, hkv, d)), dtype)
     lut = jnp.asarray(rng.permutation(nb)[: len(tokens) * mp].reshape(len(tokens), mp), jnp.int32)
     return kv, lut
 
@@ -59,10 +61,7 @@ def msa_case(rng, b=8, h=32, hkv=4, cache=8192, topk=16, dtype=jnp.bfloat16):
 
 
 def indexer_case(rng, b=8, hi=4, d=128, cache=8192, dtype=jnp.bfloat16):
-    mp = -(-(cache + 1) // 128)
-    nb = b * mp + 5
-    k = jnp.asarray(rng.standard_normal((nb, 1, 1, 128, 1, d)), dtype)
-    lut = jnp.asarray(rng.permutation(nb)[: b * mp].reshape(b, mp), jnp.int32)
+    k, lut = paged(rng, [cache + 1] * b, 1, d, 128, dtype, kv=1)
     q = jnp.asarray(rng.standard_normal((b, hi, d)), dtype)
     args = (q, jnp.arange(b + 1, dtype=jnp.int32), k, jnp.full((b,), cache, jnp.int32), lut, jnp.int32(0))
     return args, b * (cache + 1) * d * k.dtype.itemsize, "GB/s"

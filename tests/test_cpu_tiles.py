@@ -44,6 +44,16 @@ def _np(x) -> np.ndarray:
     return np.asarray(x).astype(np.float32)
 
 
+def with_absent_pages(pc, tokens) -> np.ndarray:
+    """pc's page table with absent keys inside the sequences' ranges: the second page of each sequence longer than
+    three pages named -1 (even sequences) or past the pool (odd ones)."""
+    lut = np.array(pc.lut)
+    for b, t in enumerate(tokens):
+        if t > 3 * pc.page_size:
+            lut[b, 1] = -1 if b % 2 == 0 else pc.kv_blocks.shape[0] + 5
+    return lut
+
+
 # (group, head dim, rows of each sequence, cache of each sequence, mask, window, dtype). A work item holds
 # min(32, 64 / group) rows (at least 1) x group query vectors; the comments give its vector counts.
 MHA_CASES = [
@@ -69,11 +79,7 @@ def test_mha_tiles_match_the_oracle(case, num_partitions, _native_cpu):
     tokens = [c + m for c, m in zip(cache, n)]
     pc = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
                           head_dim=d, dtype=dtype)
-    lut = np.array(pc.lut)
-    # Absent keys inside the sequences' ranges: one page id -1 and one past the pool, both mid-sequence.
-    for b, t in enumerate(tokens):
-        if t > 3 * page:
-            lut[b, 1] = -1 if b % 2 == 0 else pc.kv_blocks.shape[0] + 5
+    lut = with_absent_pages(pc, tokens)
     offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
     q = rand(rng, (int(offs[-1]) + 1, group * hkv, d), dtype)
     args = (q, offs, pc.kv_blocks, np.array(cache, np.int32), lut, np.int32(1))
@@ -153,10 +159,7 @@ def test_indexer_blocks_match_the_oracle(case, _native_cpu):
     tokens = [c + m for c, m in zip(cache, n)]
     pc = make_paged_cache(rng, tokens, page_size=128, max_pages=-(-max(tokens) // 128) + 1, n_kv_heads=1,
                           head_dim=d, dtype=dtype, kv=1)
-    lut = np.array(pc.lut)
-    for b, t in enumerate(tokens):
-        if t > 3 * 128:
-            lut[b, 1] = -1 if b % 2 == 0 else pc.kv_blocks.shape[0] + 5
+    lut = with_absent_pages(pc, tokens)
     offs = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
     q = rand(rng, (int(offs[-1]) + 1, hi, d), dtype)
     args = (q, offs, pc.kv_blocks, np.array(cache, np.int32), lut, np.int32(1))

@@ -224,11 +224,11 @@ def test_serialized_export_runs_the_native_handlers():
         return dense, sel, sparse
 
     args = (kv, q, iq, k_new, v_new, offs, cl, lut, kb)
+    jitted = jax.jit(step)
     with msa_ops.assume_native("cuda"):
         with pytest.raises(ValueError, match="custom calls"):
-            export.export(jax.jit(lambda *a: step(*a)), platforms=["cpu", "cuda"])(*args)
-        exp = export.export(jax.jit(lambda *a: step(*a)), platforms=["cpu", "cuda"],
-                            disabled_checks=msa_ops.export_safety_checks())(*args)
+            export.export(jitted, platforms=["cpu", "cuda"])(*args)
+        exp = export.export(jitted, platforms=["cpu", "cuda"], disabled_checks=msa_ops.export_safety_checks())(*args)
     text = exp.mlir_module()
     for target in ("msa_ops_kv_cache_store", "msa_ops_mha_ragged_paged", "msa_ops_msa_indexer",
                    "msa_ops_msa_attention"):
@@ -240,7 +240,7 @@ def test_serialized_export_runs_the_native_handlers():
     except ImportError:
         exps = [exp]
     with jax.default_device(jax.devices("cpu")[0]):
-        want = [np.asarray(x) for x in jax.jit(step)(*args)]
+        want = [np.asarray(x) for x in jitted(*args)]
         for e in exps:
             got = [np.asarray(x) for x in e.call(*args)]
             for g, w in zip(got, want):
