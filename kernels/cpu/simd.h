@@ -32,12 +32,16 @@ struct Vec<8> {
   typedef float F __attribute__((vector_size(32)));
   typedef int32_t I __attribute__((vector_size(32)));
   typedef uint16_t U16 __attribute__((vector_size(16)));
+  typedef uint16_t W __attribute__((vector_size(32)));  // 2L 16-bit lanes: the bits of one F vector
+  typedef uint64_t W64 __attribute__((vector_size(32)));
 };
 template <>
 struct Vec<4> {
   typedef float F __attribute__((vector_size(16)));
   typedef int32_t I __attribute__((vector_size(16)));
   typedef uint16_t U16 __attribute__((vector_size(8)));
+  typedef uint16_t W __attribute__((vector_size(16)));
+  typedef uint64_t W64 __attribute__((vector_size(16)));
 };
 
 #if defined(__clang__)
@@ -210,19 +214,31 @@ MSA_OPS_ALWAYS_INLINE inline bool convert_row(const T* src, float* dst, int64_t 
   if constexpr (!std::is_same<T, bf16_t>::value) {
     return convert_row_scalar<T>(src, dst, D);
   } else {
-    typedef typename Vec<L>::I I;
-    I bad = {0};
+    // 2L bf16 values at a time: interleaved with zeros they are the bits of two f32 vectors (an unpack each, and on
+    // 8-float vectors a 64-bit lane permute: fewer instructions than widening 16-bit lanes to 32-bit ones).
+    typedef typename Vec<L>::W W;
+    W bad = {0};
     int64_t d = 0;
-    for (; d + L <= D; d += L) {
-      typename Vec<L>::U16 h;
+    for (; d + 2 * L <= D; d += 2 * L) {
+      W h;
       std::memcpy(&h, src + d, sizeof(h));
-      const I w = __builtin_convertvector(h, I);
-      bad |= (w & 0x7f80) == 0x7f80;  // exponent all ones: infinity or NaN
-      vstore<L>(dst + d, reinterpret_cast<typename Vec<L>::F>(w << 16));
+      const W z = {0};
+      W lo, hi;
+      if constexpr (L == 8) {
+        lo = MSA_OPS_SHUFFLE(W, z, h, 0, 16, 0, 17, 0, 18, 0, 19, 0, 20, 0, 21, 0, 22, 0, 23);
+        hi = MSA_OPS_SHUFFLE(W, z, h, 0, 24, 0, 25, 0, 26, 0, 27, 0, 28, 0, 29, 0, 30, 0, 31);
+      } else {
+        lo = MSA_OPS_SHUFFLE(W, z, h, 0, 8, 0, 9, 0, 10, 0, 11);
+        hi = MSA_OPS_SHUFFLE(W, z, h, 0, 12, 0, 13, 0, 14, 0, 15);
+      }
+      bad |= reinterpret_cast<W>((h & 0x7f80) == 0x7f80);  // exponent all ones: infinity or NaN
+      std::memcpy(dst + d, &lo, sizeof(lo));
+      std::memcpy(dst + d + L, &hi, sizeof(hi));
     }
-    bool finite = true;
-    for (int u = 0; u < L; ++u) finite &= bad[u] == 0;
-    return convert_row_scalar<T>(src + d, dst + d, D - d) && finite;
+    const auto b64 = reinterpret_cast<typename Vec<L>::W64>(bad);
+    uint64_t any = 0;
+    for (int u = 0; u < L / 2; ++u) any |= b64[u];
+    return convert_row_scalar<T>(src + d, dst + d, D - d) && any == 0;
   }
 }
 
