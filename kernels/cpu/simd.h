@@ -86,7 +86,7 @@ MSA_OPS_ALWAYS_INLINE inline float hmax(typename Vec<L>::F v) {
 // [a0+a1, a2+a3, b0+b1, b2+b3] per group of four lanes (vhaddps).
 template <int L>
 MSA_OPS_ALWAYS_INLINE inline typename Vec<L>::F hadd(typename Vec<L>::F a, typename Vec<L>::F b) {
-  typedef typename Vec<L>::I I;
+  using I [[maybe_unused]] = typename Vec<L>::I;  // the shuffle's mask type (GCC; Clang takes the indices alone)
   if constexpr (L == 8)
     return MSA_OPS_SHUFFLE(I, a, b, 0, 2, 8, 10, 4, 6, 12, 14) + MSA_OPS_SHUFFLE(I, a, b, 1, 3, 9, 11, 5, 7, 13, 15);
   else
@@ -95,7 +95,7 @@ MSA_OPS_ALWAYS_INLINE inline typename Vec<L>::F hadd(typename Vec<L>::F a, typen
 // out[i] = the sum of a[i]'s lanes, for eight vectors.
 template <int L>
 MSA_OPS_ALWAYS_INLINE inline void reduce8(const typename Vec<L>::F* a, float* out) {
-  typedef typename Vec<L>::I I;
+  using I [[maybe_unused]] = typename Vec<L>::I;
   if constexpr (L == 8) {
     const auto g0 = hadd<8>(hadd<8>(a[0], a[1]), hadd<8>(a[2], a[3]));
     const auto g1 = hadd<8>(hadd<8>(a[4], a[5]), hadd<8>(a[6], a[7]));
