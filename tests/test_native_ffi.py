@@ -48,6 +48,13 @@ MASKS = {"null": 0, "causal": 1, "sliding_window_causal": 2, "sliding_window_non
 CPU = jax.devices("cpu")[0]
 
 
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    """The targets called here are registered for the CPU only: run on it where the default backend is a GPU."""
+    with jax.default_device(CPU):
+        yield
+
+
 # ------------------------------------------------------------------------------------------------ helpers
 def i64(x):
     return np.int64(x)
