@@ -31,7 +31,6 @@ template <>
 struct Vec<8> {
   typedef float F __attribute__((vector_size(32)));
   typedef int32_t I __attribute__((vector_size(32)));
-  typedef uint16_t U16 __attribute__((vector_size(16)));
   typedef uint16_t W __attribute__((vector_size(32)));  // 2L 16-bit lanes: the bits of one F vector
   typedef uint64_t W64 __attribute__((vector_size(32)));
 };
@@ -39,7 +38,6 @@ template <>
 struct Vec<4> {
   typedef float F __attribute__((vector_size(16)));
   typedef int32_t I __attribute__((vector_size(16)));
-  typedef uint16_t U16 __attribute__((vector_size(8)));
   typedef uint16_t W __attribute__((vector_size(16)));
   typedef uint64_t W64 __attribute__((vector_size(16)));
 };
