@@ -30,9 +30,9 @@ def paged(rng, tokens, hkv, d, page, dtype, kv=2):
     that scatters each sequence's pages over it."""
     mp = -(-max(tokens) // page)
     nb = len(tokens) * mp + 5
-    kv = jnp.asarray(rng.standard_normal((nb, kv, 1, page, hkv, d)), dtype)
+    pool = jnp.asarray(rng.standard_normal((nb, kv, 1, page, hkv, d)), dtype)
     lut = jnp.asarray(rng.permutation(nb)[: len(tokens) * mp].reshape(len(tokens), mp), jnp.int32)
-    return kv, lut
+    return pool, lut
 
 
 def decode_case(rng, b=8, h=32, hkv=8, d=128, cache=4096, page=128, dtype=jnp.bfloat16):
