@@ -36,13 +36,13 @@ want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovi
 want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
 # suite: the tests CI runs (not -m gpu), here where the default backend is the GPU and the CUDA library is loaded, as a
 # user's `pytest` on a GPU machine runs them: every test file but the GPU and large-pool ones, dealt largest first
-# over four processes; one log.
+# over SUITE_PROCS processes (default 4); one log.
 suite() {
-  local groups=("" "" "" "") i=0 f
+  local n=${SUITE_PROCS:-4} groups=() i=0 f
   for f in $(ls -S tests/test_*.py | grep -vE '/test_(gpu|large_pool)\.py$'); do
-    groups[$((i % 4))]+=" $f"; i=$((i + 1))
+    groups[$((i % n))]+=" $f"; i=$((i + 1))
   done
-  for i in 0 1 2 3; do
+  for ((i = 0; i < n; i++)); do
     XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${SUITE_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider -m "not gpu" \
       -rf ${groups[$i]} > "$OUT/suite_$i.part" 2>&1 &
   done
