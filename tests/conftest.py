@@ -212,6 +212,14 @@ def share_pages(lut: np.ndarray, seq_tokens, page_size: int) -> np.ndarray:
 IMPLEMENTATIONS = ("reference", "native")
 
 
+def on_cpu():
+    """A context that makes the CPU the default device: for calls meant for the CPU handlers, which a GPU default
+    backend would otherwise send to CUDA."""
+    import jax
+
+    return jax.default_device(jax.devices("cpu")[0])
+
+
 @pytest.fixture(params=IMPLEMENTATIONS)
 def impl(request):
     """`implementation=` value; native skips cleanly when the CPU library is not built."""
@@ -224,11 +232,9 @@ def impl(request):
         if not _native.available("cpu"):
             why = getattr(_native, "missing_reason", lambda p: "")("cpu")
             pytest.skip(f"native CPU library not available (msa_ops._native.available('cpu') is False): {why}")
-        import jax
-
         # "native" here is the CPU handler: pin the CPU device so that it is exercised on a GPU machine too
         # (where the default backend is the GPU). CUDA handlers are tested in test_gpu.py.
-        with jax.default_device(jax.devices("cpu")[0]):
+        with on_cpu():
             yield request.param
         return
     del msa_ops

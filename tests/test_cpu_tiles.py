@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import oracle
 import pytest
-from conftest import BF16, FP8, assert_close, budget_for, jit_call, make_paged_cache, rand
+from conftest import BF16, FP8, assert_close, budget_for, jit_call, make_paged_cache, on_cpu, rand
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +34,7 @@ def _native_cpu():
 
     if not _native.available("cpu"):
         pytest.skip("native CPU library not available")
-    import jax
-
-    with jax.default_device(jax.devices("cpu")[0]):
+    with on_cpu():
         yield msa_ops
 
 

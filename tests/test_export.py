@@ -201,7 +201,7 @@ def test_serialized_export_runs_the_native_handlers():
         pytest.skip(f"native CPU library not available: {_native.missing_reason('cpu')}")
     import numpy as np
     import oracle
-    from conftest import assert_close, budget_for, rand
+    from conftest import assert_close, budget_for, on_cpu, rand
 
     rng = np.random.default_rng(3)
     b, hkv, group, mp, nb = 2, 2, 4, 3, 8
@@ -239,7 +239,7 @@ def test_serialized_export_runs_the_native_handlers():
         exps = [exp, export.deserialize(exp.serialize())]
     except ImportError:
         exps = [exp]
-    with jax.default_device(jax.devices("cpu")[0]):
+    with on_cpu():
         want = [np.asarray(x) for x in jitted(*args)]
         for e in exps:
             got = [np.asarray(x) for x in e.call(*args)]

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import oracle
 import pytest
-from conftest import RaggedBatch, assert_close, budget_for, make_batch, make_paged_cache, rand, share_pages
+from conftest import RaggedBatch, assert_close, budget_for, make_batch, make_paged_cache, on_cpu, rand, share_pages
 
 pytestmark = pytest.mark.gpu
 
@@ -1077,7 +1077,7 @@ def test_cuda_mha_equals_native_cpu():
     args = (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut, 0)
     f = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=3, implementation="native"))
     gpu = np.asarray(f(*args), np.float32)
-    with jax.default_device(jax.devices("cpu")[0]):
+    with on_cpu():
         cpu = np.asarray(jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="causal", num_partitions=3,
                                                                      implementation="native"))(*args), np.float32)
     assert np.abs(gpu - cpu).max() < 2e-2 and np.linalg.norm(gpu - cpu) / np.linalg.norm(cpu) < 4e-3
@@ -1213,7 +1213,7 @@ def test_cuda_msa_bad_values_and_cpu_agreement():
                     static_argnums=2)
         got = np.asarray(f(*args), np.float32)
         assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
-        with jax.default_device(jax.devices("cpu")[0]):
+        with on_cpu():
             cpu = np.asarray(f(*args), np.float32)
         assert np.abs(got - cpu).max() < 3e-2
 
@@ -1417,7 +1417,7 @@ def test_cuda_msa_prefill_kernel_bad_values():
         args = (q, offs, None, cache.kv_blocks, batch.cache_lengths, lut, layer, ids)
         got = np.asarray(f(*args), np.float32)
         assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(jnp.bfloat16))
-        with jax.default_device(jax.devices("cpu")[0]):
+        with on_cpu():
             cpu = np.asarray(f(*args), np.float32)
         assert np.abs(got - cpu).max() < 3e-2
 
@@ -1469,7 +1469,7 @@ def test_cuda_indexer_long_context_and_cpu(mp, topk, init_blocks, local_blocks):
         got = np.asarray(f(*args))
         ref, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
         assert_indexer_matches(got, ref, scores, elig, topk, init_blocks, local_blocks)
-        with jax.default_device(jax.devices("cpu")[0]):
+        with on_cpu():
             cpu = np.asarray(f(*args))
         assert (cpu == got).mean() > 0.99  # f32 sums in another order may swap near-tied blocks
 

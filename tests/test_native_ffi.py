@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import oracle
 import pytest
+from conftest import on_cpu
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp
@@ -45,13 +46,12 @@ F32 = np.dtype(np.float32)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 TOL = {F32: 1e-5, BF16: 1e-2, F16: 1e-2, FP8: 5e-2}
 MASKS = {"null": 0, "causal": 1, "sliding_window_causal": 2, "sliding_window_noncausal": 3, "chunked_causal": 4}
-CPU = jax.devices("cpu")[0]
 
 
 @pytest.fixture(autouse=True)
 def _on_cpu():
     """The targets called here are registered for the CPU only: run on it where the default backend is a GPU."""
-    with jax.default_device(CPU):
+    with on_cpu():
         yield
 
 

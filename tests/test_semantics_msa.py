@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import oracle
 import pytest
-from conftest import BF16, assert_close, budget_for, jit_call, make_paged_cache, rand
+from conftest import BF16, assert_close, budget_for, jit_call, make_paged_cache, on_cpu, rand
 
 import msa_ops
 from msa_ops.registry import normalize_call_attrs
@@ -94,7 +94,7 @@ def _bind(name, args, impl, **attrs):
     op = msa_ops.get_op(name)
     norm, _ = normalize_call_attrs(op, attrs)
     arrs = [jnp.asarray(x) for x in args]
-    with jax.default_device(jax.devices("cpu")[0]):
+    with on_cpu():
         return [np.asarray(x) for x in jax.jit(
             lambda *a: tuple(op.primitive.bind(*a, attrs=norm, implementation=impl)))(*arrs)]
 

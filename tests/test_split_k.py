@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_batch, make_paged_cache, rand
+from conftest import make_batch, make_paged_cache, on_cpu, rand
 
 import msa_ops
 from msa_ops import routing
@@ -45,7 +45,7 @@ def test_partials_combine_in_any_order(np_, scenario):
     attrs, _ = normalize_call_attrs(op, {"mask_str": "causal", "num_partitions": np_})
     args = [jnp.asarray(x) for x in (q, batch.offsets, cache.kv_blocks, batch.cache_lengths, cache.lut)]
     args.append(jnp.int32(0))
-    with jax.default_device(jax.devices("cpu")[0]):
+    with on_cpu():
         out, ws_o, ws_lse = jax.jit(
             lambda *a: tuple(op.primitive.bind(*a, attrs=attrs, implementation="native")))(*args)
     assert ws_o.shape[0] == np_ and ws_lse.shape[0] == np_
