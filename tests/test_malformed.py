@@ -802,6 +802,20 @@ CASES: list[Case] = [
     ),
     Case("st-unknown-attr", ST, "call", ("unknown attribute", "'mask_str'"), attrs={"mask_str": "causal"}),
     Case(
+        "st-head-dim-0",
+        ST,
+        "call",
+        (opnd("kv_blocks"), "head_dim >= 1"),
+        operands={"kv_blocks": S((NB, 2, L, P, HKV, 0), BF16)},
+    ),
+    Case(
+        "st-kv-heads-0",
+        ST,
+        "wrapper",
+        (opnd("kv_blocks"), "n_kv_heads >= 1"),
+        operands={"kv_blocks": S((NB, 2, L, P, 0, D), BF16)},
+    ),
+    Case(
         "st-bad-implementation",
         ST,
         "call",

@@ -21,6 +21,8 @@ def _store_abstract(kv, k, v, offsets, cache_lengths, lookup, layer_idx, *, attr
     c.rank("kv_blocks", kv, 6, "[num_blocks, 2, num_layers, page_size, n_kv_heads, head_dim]")
     c.dim("kv_blocks", kv, 1, 2, "2 (K and V)")
     c.dtype("kv_blocks", kv, STORE_DTYPES)
+    for axis, what in ((0, "num_blocks"), (2, "num_layers"), (3, "page_size"), (4, "n_kv_heads"), (5, "head_dim")):
+        c.nonempty("kv_blocks", kv, axis, what)
     c.rank("k", k, 3, "[T, Hkv, D]")
     c.rank("v", v, 3, "[T, Hkv, D]")
     c.same_dtype("k", k, "kv_blocks", kv)
@@ -33,8 +35,6 @@ def _store_abstract(kv, k, v, offsets, cache_lengths, lookup, layer_idx, *, attr
     c.per_sequence("cache_lengths", cache_lengths, b)
     c.page_table("kv_lookup_table", lookup, b, nonempty=False)
     c.scalar_int("layer_idx", layer_idx)
-    for axis, what in ((0, "num_blocks"), (2, "num_layers"), (3, "page_size")):
-        c.nonempty("kv_blocks", kv, axis, what)
     c.nonempty("kv_lookup_table", lookup, 1, "max_pages")
     return (ShapedArray(kv.shape, kv.dtype),)
 
