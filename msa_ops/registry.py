@@ -17,7 +17,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import PartitionSpec
 
-from .errors import NativeUnavailableError, OpAttributeError, OpShapeError
+from .errors import NativeUnavailableError, OpAttributeError, OpDtypeError, OpShapeError
 from .sharding import explicit_spec, reshard, run_head_parallel
 
 IMPLEMENTATIONS = ("auto", "reference", "native")
@@ -251,21 +251,45 @@ def normalize_call_attrs(op: OpDef, attrs: Mapping[str, Any]) -> tuple[Attrs, st
 def call(name: str, *operands: Any, **attrs: Any):
     """Call an op by its MAX name with MAX's operand order; returns the op's output."""
     op = get_op(name)
-    operands = _fill_operands(op, operands)
-    norm, implementation = normalize_call_attrs(op, attrs)
-    arrays = [_as_array(name, n, x) for n, x in zip(op.operands, operands)]
+    with _read_as_left_out(op, operands):
+        operands = _fill_operands(op, operands)
+        norm, implementation = normalize_call_attrs(op, attrs)
+        arrays = [_as_array(name, n, x) for n, x in zip(op.operands, operands)]
 
-    def run(*xs):
-        return op.primitive.bind(*xs, attrs=norm, implementation=implementation)[0]
+        def run(*xs):
+            return op.primitive.bind(*xs, attrs=norm, implementation=implementation)[0]
 
-    out = run_head_parallel(run, name, op.operands, arrays)  # explicit head sharding: one op per shard
-    return run(*arrays) if out is None else out
+        out = run_head_parallel(run, name, op.operands, arrays)  # explicit head sharding: one op per shard
+        return run(*arrays) if out is None else out
+
+
+def _left_out(op: OpDef, operands: tuple[Any, ...]) -> list[str]:
+    """The optional operands a call of this many operands is read as leaving out (none when all are given)."""
+    optional = [n for n in op.operands if n in op.operand_defaults]
+    return optional if optional and len(operands) == len(op.operands) - len(optional) else []
+
+
+@contextlib.contextmanager
+def _read_as_left_out(op: OpDef, operands: tuple[Any, ...]):
+    """A shape or dtype error of a call that was one optional operand short says how its operands were read: a
+    required operand forgotten reads the same way, and the error then names the operand after it."""
+    left_out = _left_out(op, operands)
+    try:
+        yield
+    except (OpShapeError, OpDtypeError) as e:
+        if not left_out:
+            raise
+        given = [n for n in op.operands if n not in left_out]
+        raise type(e)(
+            f"{e} [{len(operands)} operands were read as {', '.join(given)}, with {', '.join(left_out)} left out; "
+            f"the op takes {len(op.operands)}: {', '.join(op.operands)}]"
+        ) from e
 
 
 def _fill_operands(op: OpDef, operands: tuple[Any, ...]) -> list[Any]:
     """MAX's operand list, with the operands SPEC.md lets a caller omit (left out or None) filled in."""
     optional = [n for n in op.operands if n in op.operand_defaults]
-    if optional and len(operands) == len(op.operands) - len(optional):
+    if _left_out(op, operands):
         given = iter(operands)
         operands = tuple(None if n in op.operand_defaults else next(given) for n in op.operands)
     if len(operands) != len(op.operands):
@@ -285,6 +309,9 @@ def _as_array(op: str, operand: str, x: Any):
         raise OpShapeError(f"{op}: operand '{operand}': expected an array, got None")
     if isinstance(x, jax.Array) or hasattr(x, "aval"):
         return x
+    if isinstance(x, int) and not isinstance(x, bool) and -(2**31) <= x < 2**32:
+        # A Python int (layer_idx=1): int32 whether or not jax_enable_x64 would make it int64.
+        return jnp.asarray(x, jnp.int32 if x < 2**31 else jnp.uint32)
     try:
         return jnp.asarray(x)
     except Exception as e:
@@ -309,10 +336,12 @@ def plan(name: str, *operands: Any, **attrs: Any):
     op = get_op(name)
     if op.plan is None:
         raise OpAttributeError(f"{name}: this op has a single elementwise route; no plan to inspect")
-    operands = _fill_operands(op, operands)
-    norm, _ = normalize_call_attrs(op, attrs)
-    shaped = [x if hasattr(x, "shape") and hasattr(x, "dtype") else jnp.asarray(x) for x in operands]
-    avals = [jax.core.ShapedArray(tuple(a.shape), a.dtype) for a in shaped]
-    op.abstract(*avals, attrs=norm)  # same errors as a real call
-    return op.plan(*avals, attrs=norm)
+    with _read_as_left_out(op, operands):
+        operands = _fill_operands(op, operands)
+        norm, _ = normalize_call_attrs(op, attrs)
+        shaped = [x if hasattr(x, "shape") and hasattr(x, "dtype") else _as_array(name, n, x)
+                  for n, x in zip(op.operands, operands)]
+        avals = [jax.core.ShapedArray(tuple(a.shape), a.dtype) for a in shaped]
+        op.abstract(*avals, attrs=norm)  # same errors as a real call
+        return op.plan(*avals, attrs=norm)
 

@@ -179,3 +179,64 @@ def test_plan_takes_the_omitted_operands_too():
     assert msa_ops.plan(name, q, offs, kv, *rest) == given
     with pytest.raises(msa_ops.OpDtypeError, match=r"operand 'cache_lengths': expected dtype int32 or uint32"):
         msa_ops.plan(name, q, offs, kv, S((4,), jnp.float32), *rest[1:])
+
+
+def test_a_forgotten_operand_error_says_how_the_operands_were_read():
+    """One operand short reads as the optional operand left out; when it was a required one that was forgotten,
+    the error of the operand after it says how the call's operands were read."""
+    S = jax.ShapeDtypeStruct
+    q, offs, kv = S((4, 4, 128), jnp.bfloat16), S((3,), jnp.int32), S((5, 2, 1, 128, 2, 128), jnp.bfloat16)
+    cl, lut, d = S((2,), jnp.int32), S((2, 2), jnp.int32), S((2, 4, 3), jnp.int32)
+    name = "mo.msa.attention.ragged.paged"
+    for run in (lambda *a: jax.eval_shape(lambda *b: msa_ops.call(name, *b), *a), lambda *a: msa_ops.plan(name, *a)):
+        with pytest.raises(msa_ops.OpShapeError, match=r"^mo\.msa\.attention\.ragged\.paged: operand 'cache_lengths'"
+                           r".*\[7 operands were read as q, input_row_offsets, kv_blocks, cache_lengths, "
+                           r"kv_lookup_table, layer_idx, d_indices, with cache_row_offsets left out; the op takes 8: "):
+            run(q, offs, offs, kv, cl, lut, d)  # layer_idx forgotten
+    # All operands given: no such note.
+    with pytest.raises(msa_ops.OpShapeError) as ei:
+        msa_ops.plan(name, q, offs, offs, kv, cl, lut, S((2,), jnp.int32), d)
+    assert "were read as" not in str(ei.value) and "operand 'layer_idx'" in str(ei.value)
+
+
+@pytest.mark.parametrize("bad", [None, "x", {"a": 1}])
+def test_plan_names_an_operand_that_is_not_an_array(bad):
+    x = jax.ShapeDtypeStruct((3,), jnp.int32)
+    with pytest.raises(msa_ops.OpShapeError, match=r"^mo\.mha\.ragged\.paged: operand 'q': expected an array"):
+        msa_ops.plan("mo.mha.ragged.paged", bad, x, x, x, x, x, mask_str="causal")
+
+
+def test_python_int_operands_are_int32_under_x64():
+    """jax_enable_x64 makes a Python int int64, which the ops refuse; an int passed as an operand reads as int32
+    (uint32 past 2^31 - 1) either way. Explicit int64 arrays are still refused. In a child process: x64 is global."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np, msa_ops
+        assert jax.config.jax_enable_x64
+        print("parts", int(msa_ops.mha_decode_get_num_partitions(3, 4096, n_kv_heads=2, sm_count=132)))
+        print("parts_u32", int(msa_ops.mha_decode_get_num_partitions(3, 2**31 + 5, n_kv_heads=2, sm_count=132)))
+        i32 = jnp.int32
+        q = jnp.ones((5, 4, 16), jnp.bfloat16)
+        kv = jnp.ones((9, 2, 2, 4, 2, 16), jnp.bfloat16)
+        args = (q, jnp.array([0, 2, 5], i32), kv, jnp.array([3, 6], i32), jnp.zeros((2, 4), i32))
+        out = msa_ops.mha_ragged_paged(*args, 1, mask_str="causal")
+        print("shape", out.shape, out.dtype)
+        try:
+            msa_ops.mha_ragged_paged(*args, jnp.asarray(1, jnp.int64), mask_str="causal")
+        except msa_ops.OpDtypeError as e:
+            print("refused", e)
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(msa_ops.__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"parts {msa_ops.mha_decode_get_num_partitions(3, 4096, n_kv_heads=2, sm_count=132)}", lines
+    assert lines[1].startswith("parts_u32 "), lines
+    assert lines[2] == "shape (5, 4, 16) bfloat16", lines
+    assert lines[3].startswith("refused mo.mha.ragged.paged: operand 'layer_idx': expected dtype int32"), lines
