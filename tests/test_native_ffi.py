@@ -266,6 +266,26 @@ def test_split_k_partitions_agree(dtype, mask):
             assert rel_err(outs[np_], outs[1]) <= 1e-2
 
 
+@pytest.mark.parametrize("block_n", [2**20 + 1, 2**40, 2**62, 2**63 - 1])
+def test_split_k_huge_block_n_reads_as_2_20(block_n):
+    """block_n past 2^20 reads as 2^20 (as on CUDA): every key of these sequences in partition 0, the others empty,
+    the sink counted once. (Before, p * s overflowed int64 for block_n near 2^62 and partitions 2.. covered every
+    key again, which a sink's share showed.)"""
+    rng = np.random.default_rng(5)
+    B, MP, P, L, hkv, g, D = 2, 4, 16, 1, 1, 2, 16
+    H = hkv * g
+    kv, lut = make_pool(rng, B, MP, P, L, hkv, D, F32)
+    cl = [40, 63]
+    offsets = np.array([0, 1, 2])
+    q = rnd(rng, (2, H, D), F32)
+    sink = rnd(rng, (H,), F32, 2.0)
+    ref = oracle_paged(q, ragged_rows(offsets, cl, 2, MP * P), kv, lut, 0, 1, -1, 1 / math.sqrt(D), sink)
+    out, ws_o, _ = call_ragged_paged(q, offsets, kv, cl, lut, 0, sink, np_=5, block_n=block_n)
+    check(out, ref, TOL[F32], f"block_n={block_n}")
+    unsplit, _, _ = call_ragged_paged(q, offsets, kv, cl, lut, 0, sink, np_=1)
+    assert np.max(np.abs(np.asarray(out, np.float64) - np.asarray(unsplit, np.float64))) <= 1e-6
+
+
 def test_split_k_workspace_partials():
     """The workspace holds normalized partials and log2 sums of each partition (SEMANTICS.md §6)."""
     rng = np.random.default_rng(5)
