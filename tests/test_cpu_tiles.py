@@ -198,6 +198,57 @@ def test_indexer_planted_block_maxima(hi, d, _native_cpu):
     np.testing.assert_array_equal(got, ref)
 
 
+def test_concurrent_calls_match_one_at_a_time(_native_cpu):
+    """The handlers share one thread pool: several native calls in one jitted graph (which XLA may run at once) and
+    the same calls from several Python threads give the bits they give one at a time."""
+    import threading
+
+    import jax
+
+    msa_ops = _native_cpu
+    rng = np.random.default_rng(17)
+    tokens = [700, 300, 129]
+    pc = make_paged_cache(rng, tokens, page_size=128, max_pages=6, n_kv_heads=2, head_dim=128, dtype=BF16)
+    cache = np.array([t - 1 for t in tokens], np.int32)
+    offs = np.arange(4, dtype=np.int32)
+    q = rand(rng, (3, 8, 128), BF16)
+    idx = rng.integers(-1, 6, (2, 3, 4)).astype(np.int32)
+    ipc = make_paged_cache(rng, tokens, page_size=128, max_pages=6, n_kv_heads=1, head_dim=64, dtype=BF16, kv=1)
+    qi = rand(rng, (3, 4, 64), BF16)
+    calls = [
+        lambda: msa_ops.mha_ragged_paged(q, offs, pc.kv_blocks, cache, pc.lut, np.int32(0), mask_str="causal",
+                                         num_partitions=3, implementation="native"),
+        lambda: msa_ops.mha_ragged_paged(q, offs, pc.kv_blocks, cache, pc.lut, np.int32(1), mask_str="causal",
+                                         implementation="native"),
+        lambda: msa_ops.msa_attention_ragged_paged(q, offs, None, pc.kv_blocks, cache, pc.lut, np.int32(1), idx,
+                                                   implementation="native"),
+        lambda: msa_ops.msa_indexer_ragged_paged(qi, offs, ipc.kv_blocks, cache, ipc.lut, np.int32(0), topk=3,
+                                                 implementation="native"),
+    ]
+    jitted = [jax.jit(c) for c in calls]
+    want = [np.asarray(f()) for f in jitted]
+    assert all(np.isfinite(w.astype(np.float32)).all() and np.count_nonzero(w) > w.size // 2 for w in want)
+    together = jax.jit(lambda: [c() for c in calls])
+    for _ in range(3):
+        for w, g in zip(want, together()):
+            np.testing.assert_array_equal(np.asarray(g), w)
+    bad = []
+
+    def worker(t):
+        with on_cpu():
+            for r in range(4):
+                k = (t + r) % len(jitted)
+                if not np.array_equal(np.asarray(jitted[k]()), want[k]):
+                    bad.append((t, r, k))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, bad
+
+
 def test_portable_loop():
     """This file's other tests, in a child process whose tile loop is the portable one."""
     import msa_ops
