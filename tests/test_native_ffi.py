@@ -280,7 +280,7 @@ def test_split_k_huge_block_n_reads_as_2_20(block_n):
     q = rnd(rng, (2, H, D), F32)
     sink = rnd(rng, (H,), F32, 2.0)
     ref = oracle_paged(q, ragged_rows(offsets, cl, 2, MP * P), kv, lut, 0, 1, -1, 1 / math.sqrt(D), sink)
-    out, ws_o, _ = call_ragged_paged(q, offsets, kv, cl, lut, 0, sink, np_=5, block_n=block_n)
+    out, _, _ = call_ragged_paged(q, offsets, kv, cl, lut, 0, sink, np_=5, block_n=block_n)
     check(out, ref, TOL[F32], f"block_n={block_n}")
     unsplit, _, _ = call_ragged_paged(q, offsets, kv, cl, lut, 0, sink, np_=1)
     assert np.max(np.abs(np.asarray(out, np.float64) - np.asarray(unsplit, np.float64))) <= 1e-6
