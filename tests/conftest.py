@@ -212,6 +212,21 @@ def share_pages(lut: np.ndarray, seq_tokens, page_size: int) -> np.ndarray:
 IMPLEMENTATIONS = ("reference", "native")
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child Python process: JAX on the CPU, the package root of the msa_ops this process
+    imported first on PYTHONPATH (so that the child imports the same one, not a source tree that happens to be its
+    working directory), and `extra`."""
+    import os
+    from pathlib import Path
+
+    import msa_ops
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
+    root = str(Path(msa_ops.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def on_cpu():
     """A context that makes the CPU the default device: for calls meant for the CPU handlers, which a GPU default
     backend would otherwise send to CUDA."""

@@ -19,12 +19,11 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import oracle
 import pytest
-from conftest import BF16, FP8, assert_close, budget_for, jit_call, make_paged_cache, on_cpu, rand
+from conftest import BF16, FP8, assert_close, budget_for, child_env, jit_call, make_paged_cache, on_cpu, rand
 
 
 @pytest.fixture(autouse=True)
@@ -251,7 +250,6 @@ def test_concurrent_calls_match_one_at_a_time(_native_cpu):
 
 def test_portable_loop():
     """This file's other tests, in a child process whose tile loop is the portable one."""
-    import msa_ops
     from msa_ops import _native
 
     if not _native.available("cpu"):
@@ -259,9 +257,7 @@ def test_portable_loop():
     if os.environ.get("MSA_OPS_CPU_ISA") == "generic":
         assert _native.info()["platforms"]["cpu"]["archs"].endswith(";generic")
         return
-    pkg_root = str(Path(msa_ops.__file__).resolve().parent.parent)
-    env = dict(os.environ, MSA_OPS_CPU_ISA="generic", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = child_env(MSA_OPS_CPU_ISA="generic")
     with tempfile.TemporaryDirectory() as cwd:
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], cwd=cwd,
                            env=env, capture_output=True, text=True, timeout=900)

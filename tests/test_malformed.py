@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -1007,9 +1006,9 @@ def test_no_case_crashes_the_process():
             m.build(c, good=True)()
         print("RAISED", n, "OF", len(m.CASES))
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(msa_ops.__file__)))
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    from conftest import child_env  # here, not at the top: the child loads this file with no tests/ on its path
+
+    env = child_env()
     r = subprocess.run(
         [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=300
     )

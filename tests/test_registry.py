@@ -209,10 +209,11 @@ def test_plan_names_an_operand_that_is_not_an_array(bad):
 def test_python_int_operands_are_int32_under_x64():
     """jax_enable_x64 makes a Python int int64, which the ops refuse; an int passed as an operand reads as int32
     (uint32 past 2^31 - 1) either way. Explicit int64 arrays are still refused. In a child process: x64 is global."""
-    import os
     import subprocess
     import sys
     import textwrap
+
+    from conftest import child_env
 
     code = textwrap.dedent("""
         import jax, jax.numpy as jnp, numpy as np, msa_ops
@@ -230,9 +231,7 @@ def test_python_int_operands_are_int32_under_x64():
         except msa_ops.OpDtypeError as e:
             print("refused", e)
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(msa_ops.__file__)))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env = child_env(JAX_ENABLE_X64="1")
     r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()

@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
+
+from conftest import child_env
 
 CODE = textwrap.dedent(r'''
     import os
@@ -52,15 +53,7 @@ CODE = textwrap.dedent(r'''
 
 def _run(impl: str, code: str = CODE) -> str:
     import tempfile
-    from pathlib import Path
-
-    import msa_ops
-
-    # The child imports the same msa_ops as this process (the installed one, with its libraries), not a
-    # source tree that happens to be the working directory.
-    pkg_root = str(Path(msa_ops.__file__).resolve().parent.parent)
-    env = dict(os.environ, IMPL=impl, JAX_PLATFORMS="cpu")  # the child's devices are forced host devices
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = child_env(IMPL=impl)  # the child's devices are forced host devices
     with tempfile.TemporaryDirectory() as cwd:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
                            cwd=cwd)
