@@ -162,9 +162,7 @@ MhaProblem make_problem(const AnyBuffer& q, int64_t H, int64_t D, int64_t mask, 
   pr.mask = mask;
   pr.window = window;
   pr.scale = static_cast<float>(scale);
-  // As the CUDA handlers take it: past 2^20 (more keys than a partition's alignment ever needs) it reads as 2^20,
-  // which keeps the partition arithmetic (p * s, align_up) far from int64 overflow.
-  pr.block_n = std::min<int64_t>(block_n, int64_t{1} << 20);
+  pr.block_n = split_k_block_n(block_n);
   return pr;
 }
 

@@ -303,7 +303,7 @@ void fill_common(AttentionArgs& a, const AnyBuffer& q, int64_t H, int64_t Hkv, i
   a.rescale_slack_log2 = rescale_slack_log2();
   a.wg_tail_skip = env_switch("MSA_OPS_WG_TAIL_SKIP") != 0;
   a.num_partitions = static_cast<int>(num_partitions);  // in [1, kMaxPartitions]: check_attention_output
-  a.split_block_n = static_cast<int>(iclamp(block_n, 1, 1 << 20));
+  a.split_block_n = static_cast<int>(split_k_block_n(block_n));
   a.sink = nullptr;
   a.ws_o = nullptr;
   a.ws_lse = nullptr;

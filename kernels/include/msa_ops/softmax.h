@@ -57,6 +57,11 @@ struct OnlineSoftmax {
   MSA_HD float lse2() const { return empty() ? neg_inf() : m + fast_log2(l); }
 };
 
+// The dense handlers' block_n attribute (>= 1, checked) as both take it: past 2^20, more keys than a partition's
+// alignment ever needs, it reads as 2^20, which keeps the partition arithmetic below (p * s, align_up) far from int64
+// overflow.
+MSA_HD inline int64_t split_k_block_n(int64_t block_n) { return iclamp(block_n, 1, int64_t{1} << 20); }
+
 // Split-K partition size s = max(BN, align_up(ceil(N/np), BN)); partition p covers [p*s, min(N,(p+1)*s)).
 MSA_HD inline int64_t split_k_partition_size(int64_t num_keys, int64_t num_partitions, int64_t block_n) {
   const int64_t np = imax(num_partitions, 1);
