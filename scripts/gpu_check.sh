@@ -32,7 +32,42 @@ want build && step build bash -c "cmake -S kernels -B $BUILD -G Ninja -DPython_E
 export MSA_OPS_LIBRARY_DIR=$BUILD
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 want info && step info $PY -m msa_ops info
-want gpu && step pytest_gpu timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=30 tests ${GPU_K:+-k "$GPU_K"}
+# gpu: `pytest -m gpu`, in one process, or with GPU_PROCS=N dealt over N processes on the one GPU (the large-pool
+# tests, which need ~11 GiB free each, all in the first); one log.
+gpu_tests() {
+  local n=${GPU_PROCS:-1} i=0 id rc=0 f np=0 nf=0
+  if (( n <= 1 )); then
+    timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=30 tests ${GPU_K:+-k "$GPU_K"}
+    return
+  fi
+  local ids=() shards=()
+  mapfile -t ids < <($PY -m pytest -m gpu -q -p no:cacheprovider --collect-only tests ${GPU_K:+-k "$GPU_K"} | grep '::')
+  echo "${#ids[@]} tests over $n processes"
+  for ((i = 0; i < n; i++)); do : > "$OUT/gpu_$i.ids"; done
+  i=0
+  for id in "${ids[@]}"; do
+    if [[ $id == *test_large_pool* ]]; then echo "$id" >> "$OUT/gpu_0.ids"
+    else echo "$id" >> "$OUT/gpu_$((1 + i % (n - 1))).ids"; i=$((i + 1)); fi
+  done
+  for ((i = 0; i < n; i++)); do
+    [ -s "$OUT/gpu_$i.ids" ] || continue
+    mapfile -t shards < "$OUT/gpu_$i.ids"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${GPU_TIMEOUT:-580} $PY -m pytest -m gpu -q -p no:cacheprovider \
+      --durations=10 "${shards[@]}" > "$OUT/gpu_$i.part" 2>&1 &
+  done
+  wait
+  for ((i = 0; i < n; i++)); do
+    f="$OUT/gpu_$i.part"; [ -e "$f" ] || continue
+    grep -qE "^[0-9]+ passed" <(tail -n 1 "$f") && ! grep -qE "[0-9]+ (failed|error)" <(tail -n 1 "$f") || rc=1
+    echo "== shard $i"; grep -E "^FAILED|^ERROR" "$f"; tail -n 1 "$f"; echo
+    np=$((np + $(tail -n 1 "$f" | grep -oE "[0-9]+ passed" | awk '{s += $1} END {print s + 0}')))
+    nf=$((nf + $(tail -n 1 "$f" | grep -oE "[0-9]+ (failed|errors?)" | awk '{s += $1} END {print s + 0}')))
+    rm -f "$f" "$OUT/gpu_$i.ids"
+  done
+  echo "all shards: $np passed, $nf failed or errors"
+  return $rc
+}
+want gpu && step pytest_gpu gpu_tests
 want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
 # suite: the tests CI runs (not -m gpu), here where the default backend is the GPU and the CUDA library is loaded, as a
 # user's `pytest` on a GPU machine runs them: every test file but the GPU and large-pool ones, dealt largest first
