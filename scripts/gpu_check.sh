@@ -32,40 +32,45 @@ want build && step build bash -c "cmake -S kernels -B $BUILD -G Ninja -DPython_E
 export MSA_OPS_LIBRARY_DIR=$BUILD
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 want info && step info $PY -m msa_ops info
+# run_parts NAME LIMIT PYTEST_ARGS...: one pytest process (LIMIT seconds) per non-empty $OUT/NAME_<i>.args (its test
+# files or ids, one a line), all at once with the common PYTEST_ARGS; then each part's failures and count, and the total.
+run_parts() {
+  local name=$1 limit=$2 f last rc=0 np=0 nf=0 args=(); shift 2
+  for f in "$OUT/${name}"_*.args; do
+    [ -s "$f" ] || continue
+    mapfile -t args < "$f"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$limit" $PY -m pytest -q -p no:cacheprovider "$@" "${args[@]}" \
+      > "${f%.args}.part" 2>&1 &
+  done
+  wait
+  for f in "$OUT/${name}"_*.part; do
+    [ -e "$f" ] || continue
+    last=$(tail -n 1 "$f")
+    [[ $last =~ ^[0-9]+\ passed && ! $last =~ [0-9]+\ (failed|error) ]] || rc=1
+    echo "== $f"; grep -E "^FAILED|^ERROR" "$f"; echo "$last"; echo
+    np=$((np + $(grep -oE "[0-9]+ passed" <<< "$last" | awk '{s += $1} END {print s + 0}')))
+    nf=$((nf + $(grep -oE "[0-9]+ (failed|errors?)" <<< "$last" | awk '{s += $1} END {print s + 0}')))
+    rm -f "$f" "${f%.part}.args"
+  done
+  echo "all parts: $np passed, $nf failed or errors"
+  return $rc
+}
 # gpu: `pytest -m gpu`, in one process, or with GPU_PROCS=N dealt over N processes on the one GPU (the large-pool
 # tests, which need ~11 GiB free each, all in the first); one log.
 gpu_tests() {
-  local n=${GPU_PROCS:-1} i=0 id rc=0 f np=0 nf=0
+  local n=${GPU_PROCS:-1} i=0 id ids=()
   if (( n <= 1 )); then
     timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=30 tests ${GPU_K:+-k "$GPU_K"}
     return
   fi
-  local ids=() shards=()
   mapfile -t ids < <($PY -m pytest -m gpu -q -p no:cacheprovider --collect-only tests ${GPU_K:+-k "$GPU_K"} | grep '::')
   echo "${#ids[@]} tests over $n processes"
-  for ((i = 0; i < n; i++)); do : > "$OUT/gpu_$i.ids"; done
-  i=0
+  rm -f "$OUT"/gpu_*.args
   for id in "${ids[@]}"; do
-    if [[ $id == *test_large_pool* ]]; then echo "$id" >> "$OUT/gpu_0.ids"
-    else echo "$id" >> "$OUT/gpu_$((1 + i % (n - 1))).ids"; i=$((i + 1)); fi
+    if [[ $id == *test_large_pool* ]]; then echo "$id" >> "$OUT/gpu_0.args"
+    else echo "$id" >> "$OUT/gpu_$((1 + i % (n - 1))).args"; i=$((i + 1)); fi
   done
-  for ((i = 0; i < n; i++)); do
-    [ -s "$OUT/gpu_$i.ids" ] || continue
-    mapfile -t shards < "$OUT/gpu_$i.ids"
-    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${GPU_TIMEOUT:-580} $PY -m pytest -m gpu -q -p no:cacheprovider \
-      --durations=10 "${shards[@]}" > "$OUT/gpu_$i.part" 2>&1 &
-  done
-  wait
-  for ((i = 0; i < n; i++)); do
-    f="$OUT/gpu_$i.part"; [ -e "$f" ] || continue
-    grep -qE "^[0-9]+ passed" <(tail -n 1 "$f") && ! grep -qE "[0-9]+ (failed|error)" <(tail -n 1 "$f") || rc=1
-    echo "== shard $i"; grep -E "^FAILED|^ERROR" "$f"; tail -n 1 "$f"; echo
-    np=$((np + $(tail -n 1 "$f" | grep -oE "[0-9]+ passed" | awk '{s += $1} END {print s + 0}')))
-    nf=$((nf + $(tail -n 1 "$f" | grep -oE "[0-9]+ (failed|errors?)" | awk '{s += $1} END {print s + 0}')))
-    rm -f "$f" "$OUT/gpu_$i.ids"
-  done
-  echo "all shards: $np passed, $nf failed or errors"
-  return $rc
+  run_parts gpu "${GPU_TIMEOUT:-580}" -m gpu --durations=10
 }
 want gpu && step pytest_gpu gpu_tests
 want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_reference.py -k native -x
@@ -73,19 +78,12 @@ want cpu && step pytest_cpu_native timeout 300 $PY -m pytest -q -p no:cacheprovi
 # user's `pytest` on a GPU machine runs them: every test file but the GPU and large-pool ones, dealt largest first
 # over SUITE_PROCS processes (default 4); one log.
 suite() {
-  local n=${SUITE_PROCS:-4} groups=() i=0 f
+  local n=${SUITE_PROCS:-4} i=0 f
+  rm -f "$OUT"/suite_*.args
   for f in $(ls -S tests/test_*.py | grep -vE '/test_(gpu|large_pool)\.py$'); do
-    groups[$((i % n))]+=" $f"; i=$((i + 1))
+    echo "$f" >> "$OUT/suite_$((i % n)).args"; i=$((i + 1))
   done
-  for ((i = 0; i < n; i++)); do
-    XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${SUITE_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider -m "not gpu" \
-      -rf ${groups[$i]} > "$OUT/suite_$i.part" 2>&1 &
-  done
-  wait
-  local rc=0
-  for f in "$OUT"/suite_*.part; do grep -qE "^[0-9]+ passed" <(tail -n 1 "$f") || rc=1
-    echo "== $f"; grep -E "^FAILED|^ERROR" "$f"; tail -n 1 "$f"; echo; rm -f "$f"; done
-  return $rc
+  run_parts suite "${SUITE_TIMEOUT:-300}" -m "not gpu" -rf
 }
 want suite && step suite suite
 want demo && step demo timeout 300 $PY -m msa_ops demo
