@@ -47,7 +47,7 @@ run_parts() {
     [ -e "$f" ] || continue
     last=$(tail -n 1 "$f")
     [[ $last =~ ^[0-9]+\ passed && ! $last =~ [0-9]+\ (failed|error) ]] || rc=1
-    echo "== $f"; grep -E "^FAILED|^ERROR" "$f"; echo "$last"; echo
+    echo "== $f"; grep -E "^FAILED|^ERROR" "$f"; awk '/slowest .*durations/ {on = 1; next} on && (/^$/ || /^=/) {exit} on' "$f" | head -n 10; echo "$last"; echo
     np=$((np + $(grep -oE "[0-9]+ passed" <<< "$last" | awk '{s += $1} END {print s + 0}')))
     nf=$((nf + $(grep -oE "[0-9]+ (failed|errors?)" <<< "$last" | awk '{s += $1} END {print s + 0}')))
     rm -f "$f" "${f%.part}.args"
