@@ -38,11 +38,10 @@ want info && step info $PY -m msa_ops info
 # handlers' pool, unless the caller set those counts: every process taking all the cores made three parts on 16
 # cores take 3.3x the CPU time of capped ones and 1.4x their wall time (NOTES_mha v61).
 run_parts() {
-  local name=$1 limit=$2 f last rc=0 np=0 nf=0 n=0 args=(); shift 2
-  for f in "$OUT/${name}"_*.args; do [ -s "$f" ] && n=$((n + 1)); done
-  local t=$(( $(nproc) / (n > 0 ? n : 1) )); (( t >= 1 )) || t=1
-  for f in "$OUT/${name}"_*.args; do
-    [ -s "$f" ] || continue
+  local name=$1 limit=$2 f last rc=0 np=0 nf=0 args=() parts=(); shift 2
+  for f in "$OUT/${name}"_*.args; do [ -s "$f" ] && parts+=("$f"); done
+  local t=$(( $(nproc) / (${#parts[@]} > 0 ? ${#parts[@]} : 1) )); (( t >= 1 )) || t=1
+  for f in "${parts[@]}"; do
     mapfile -t args < "$f"
     OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$t} OMP_NUM_THREADS=${OMP_NUM_THREADS:-$t} \
       MKL_NUM_THREADS=${MKL_NUM_THREADS:-$t} MSA_OPS_NUM_THREADS=${MSA_OPS_NUM_THREADS:-$t} \
