@@ -62,10 +62,11 @@ run_parts() {
   return $rc
 }
 # gpu: `pytest -m gpu`, in one process, or with GPU_PROCS=N dealt over N processes on the one GPU (the large-pool
-# tests, which need ~11 GiB free each, all in the first); one log. GPU_EVERY=K keeps every K-th test of the
-# collection (a quick sample; with GPU_PROCS unset, in one process).
+# tests, which need ~11 GiB free each, all in the first, so that no two run at once; the others in turn over all N,
+# the first part taking its turn last); one log. GPU_EVERY=K keeps every K-th test of the collection (a quick
+# sample; with GPU_PROCS unset, in one process).
 gpu_tests() {
-  local n=${GPU_PROCS:-1} every=${GPU_EVERY:-1} i=0 id ids=()
+  local n=${GPU_PROCS:-1} every=${GPU_EVERY:-1} i=1 id ids=()
   if (( n <= 1 && every <= 1 )); then
     timeout 600 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=30 tests ${GPU_K:+-k "$GPU_K"}
     return
@@ -76,7 +77,7 @@ gpu_tests() {
   rm -f "$OUT"/gpu_*.args
   for id in "${ids[@]}"; do
     if (( n <= 1 )) || [[ $id == *test_large_pool* ]]; then echo "$id" >> "$OUT/gpu_0.args"
-    else echo "$id" >> "$OUT/gpu_$((1 + i % (n - 1))).args"; i=$((i + 1)); fi
+    else echo "$id" >> "$OUT/gpu_$((i % n)).args"; i=$((i + 1)); fi
   done
   run_parts gpu "${GPU_TIMEOUT:-580}" -m gpu --durations=10
 }

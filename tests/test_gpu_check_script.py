@@ -1,6 +1,7 @@
 """`scripts/gpu_check.sh`'s dealt steps, run here with a stand-in for Python whose `-m pytest` prints what a part
-would: the dealing (large-pool tests in the first part, GPU_EVERY's sample), each part's share of the cores, the
-total line, and a step that fails when a part's last line is not a pass (an error beside passes counts)."""
+would: the dealing (large-pool tests in the first part, the others over every part; GPU_EVERY's sample), each
+part's share of the cores, the total line, and a step that fails when a part's last line is not a pass (an error
+beside passes counts)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 # The stand-in: `--collect-only` lists 13 ids (3 large-pool ones); a run writes one line per id to $FAKE_LOG with
-# its part's thread counts, then ends as pytest -q does, or with an error beside the passes if it ran $FAKE_BAD_ID.
+# its part's thread counts and its process id, then ends as pytest -q does, or with an error beside the passes if it
+# ran $FAKE_BAD_ID.
 FAKE = r'''#!PYTHON
 import os, sys
 args = sys.argv[1:]
@@ -31,7 +33,7 @@ ids = [a for a in args if "::" in a]
 with open(os.environ["FAKE_LOG"], "a") as f:
     for i in ids:
         f.write(f"{i} {os.environ.get('OPENBLAS_NUM_THREADS')} {os.environ.get('MSA_OPS_NUM_THREADS')} "
-                f"{os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')}\n")
+                f"{os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')} {os.getpid()}\n")
 bad = sum(i == os.environ.get("FAKE_BAD_ID") for i in ids)
 print("=== slowest 10 durations ===")
 print(f"0.50s call     {ids[0]}")
@@ -76,9 +78,16 @@ def test_dealt_gpu_step_shares_cores_and_totals(tmp_path, fake_py):
                                                  + [f"tests/test_large_pool.py::test_big[{i}]" for i in range(3)])
     share = str(max(1, cores() // 3))
     assert all(c[1] == share and c[2] == share and c[3] == "false" for c in calls), calls
-    # The large-pool ids make one part of their own (the first), whatever the dealing of the others.
+    # The large-pool ids all go to the first part (no two at once); the other ten are dealt in turn over all three
+    # parts, the first taking its turn last: 3 + 3 ids there, 4 and 3 in the others.
+    parts = {}
+    for c in calls:
+        parts.setdefault(c[4], []).append(c[0])
+    assert sorted(len(p) for p in parts.values()) == [3, 4, 6], parts
+    big = [p for p in parts.values() if any("test_large_pool" in i for i in p)]
+    assert len(big) == 1 and sum("test_large_pool" in i for i in big[0]) == 3, parts
     part0 = log.split("== ")[1]
-    assert "gpu_0.part" in part0 and "test_big[0]" in part0 and "3 passed" in part0, log
+    assert "gpu_0.part" in part0 and "6 passed" in part0, log
     assert "| pytest_gpu | rc=0" in stdout, stdout
 
 
