@@ -40,7 +40,9 @@ want info && step info $PY -m msa_ops info
 run_parts() {
   local name=$1 limit=$2 f last rc=0 np=0 nf=0 args=() parts=(); shift 2
   for f in "$OUT/${name}"_*.args; do [ -s "$f" ] && parts+=("$f"); done
-  local t=$(( $(nproc) / (${#parts[@]} > 0 ? ${#parts[@]} : 1) )); (( t >= 1 )) || t=1
+  # (GNU nproc prints OMP_NUM_THREADS or OMP_THREAD_LIMIT where set: a caller's OpenMP count is not the core count)
+  local cores; cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+  local t=$(( cores / (${#parts[@]} > 0 ? ${#parts[@]} : 1) )); (( t >= 1 )) || t=1
   for f in "${parts[@]}"; do
     mapfile -t args < "$f"
     OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$t} OMP_NUM_THREADS=${OMP_NUM_THREADS:-$t} \

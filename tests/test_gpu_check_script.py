@@ -1,7 +1,7 @@
 """`scripts/gpu_check.sh`'s dealt steps, run here with a stand-in for Python whose `-m pytest` prints what a part
-would: the dealing (large-pool tests in the first part, the others over every part; GPU_EVERY's sample), each
-part's share of the cores, the total line, and a step that fails when a part's last line is not a pass (an error
-beside passes counts)."""
+would: the dealing (large-pool tests in the first part, the others over every part; GPU_EVERY's sample), each part's
+share of the cores (not a caller's OpenMP count), the total line, and a step that fails when a part's last line is
+not a pass (an error beside passes counts)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,13 @@ def test_gpu_every_samples_and_caller_threads_win(tmp_path, fake_py):
                                      "tests/test_gpu.py::test_x[8]", "tests/test_large_pool.py::test_big[2]"]
     assert all(c[1] == "7" for c in calls), calls  # the caller's count is kept
     assert all(c[2] == str(cores()) for c in calls), calls
+
+
+def test_a_callers_openmp_count_is_not_taken_for_the_cores(tmp_path, fake_py):
+    # GNU nproc prints OMP_NUM_THREADS where it is set; the shares of the other counts still come from the cores.
+    _, _, calls = run_script(tmp_path, fake_py, GPU_PROCS="2", OMP_NUM_THREADS="64")
+    share = str(max(1, cores() // 2))
+    assert len(calls) == 13 and all(c[1] == share and c[2] == share for c in calls), calls
 
 
 def test_a_part_with_an_error_fails_the_step(tmp_path, fake_py):
