@@ -28,14 +28,28 @@ THREADS, WARMUP, ITERS = 256, 3, 20
 ROWB = {"bf16": 256, "fp8": 128}  # bytes of one K/V row of one kv head
 OPTS = ("-std=c++17",)
 
-SRC = r"""
+# The pieces gpu_l2_ceiling.py's kernels use too: a CTA's XOR of its loaded words into *dst (any CTA of up to 256
+# threads), and a fill of a buffer with a pattern of its indices.
+COMMON_SRC = r"""
 __device__ __forceinline__ void block_xor(unsigned acc, unsigned* dst) {
   __shared__ unsigned red[8];
   for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
   __syncthreads();
-  if (threadIdx.x == 0) *dst = red[0] ^ red[1] ^ red[2] ^ red[3] ^ red[4] ^ red[5] ^ red[6] ^ red[7];
+  if (threadIdx.x == 0) {
+    unsigned r = 0;
+    for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) r ^= red[w];
+    *dst = r;
+  }
 }
+
+extern "C" __global__ void fill(unsigned long long* p, long long n) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    p[i] = ((unsigned long long)i * 0x9E3779B97F4A7C15ull) ^ ((unsigned long long)i >> 29);
+}
+"""
+
+SRC = COMMON_SRC + r"""
 
 // CTA = (kv head h, partition part, sequence b); reads K and V rows of head h of its share of the selected pages.
 template <int ROWB>
@@ -88,12 +102,37 @@ extern "C" __global__ void __launch_bounds__(256) dense_read(const uint4* __rest
   for (; i < nv; i += stride) { const uint4 v = __ldg(p + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
   block_xor(acc, out + blockIdx.x);
 }
-
-extern "C" __global__ void fill(unsigned long long* p, long long n) {
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    p[i] = ((unsigned long long)i * 0x9E3779B97F4A7C15ull) ^ ((unsigned long long)i >> 29);
-}
 """
+
+
+def cupy_device(label):
+    """CuPy and the device's name, SM count and properties; None (saying so, with label) where CuPy is missing."""
+    try:
+        import cupy as cp
+    except Exception as e:
+        print(f"{label}: n/a (cupy unavailable: {type(e).__name__}: {e})")
+        return None
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    name = props["name"]
+    return cp, name.decode() if isinstance(name, bytes) else name, props["multiProcessorCount"], props
+
+
+def event_timed(cp, k, grid, block, args, *, smem=0, warmup=WARMUP, iters=ITERS, before=None):
+    """Median us of `iters` launches of k, each between two CUDA events, after `warmup` launches; before() (outside
+    the events) ahead of each timed one."""
+    for _ in range(warmup):
+        k(grid, block, args, shared_mem=smem)
+    ts = []
+    for _ in range(iters):
+        if before is not None:
+            before()
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        k(grid, block, args, shared_mem=smem)
+        e.record()
+        e.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
+    return float(np.median(ts))
 
 
 def main():
@@ -101,14 +140,10 @@ def main():
     ap.add_argument("--out", default="out")
     ap.add_argument("--flush-l2", action="store_true", help="read a 256 MB buffer between timed runs")
     a = ap.parse_args()
-    try:
-        import cupy as cp
-    except Exception as e:
-        print(f"gather ceiling: n/a (cupy unavailable: {type(e).__name__}: {e})")
+    dev = cupy_device("gather ceiling")
+    if dev is None:
         return
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    name, sms = props["name"], props["multiProcessorCount"]
-    name = name.decode() if isinstance(name, bytes) else name
+    cp, name, sms, _ = dev
     pool = cp.get_default_memory_pool()
     kern = {k: cp.RawKernel(SRC, k, options=OPTS) for k in ("gather_bf16", "gather_fp8", "dense_read", "fill")}
 
@@ -120,20 +155,11 @@ def main():
     scratch = cp.zeros(sms * 8, cp.uint32)
     flush_buf = new_buf(256 << 20) if a.flush_l2 else None
 
+    def flush():
+        kern["dense_read"]((sms * 8,), (THREADS,), (flush_buf, np.int64(flush_buf.size // 2), scratch))
+
     def timed(k, grid, args):
-        for _ in range(WARMUP):
-            k(grid, (THREADS,), args)
-        ts = []
-        for _ in range(ITERS):
-            if flush_buf is not None:
-                kern["dense_read"]((sms * 8,), (THREADS,), (flush_buf, np.int64(flush_buf.size // 2), scratch))
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-            s.record()
-            k(grid, (THREADS,), args)
-            e.record()
-            e.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
-        return float(np.median(ts))
+        return event_timed(cp, k, grid, (THREADS,), args, before=flush if flush_buf is not None else None)
 
     rows = []
 

@@ -22,23 +22,11 @@ import json
 import os
 
 import numpy as np
+from gpu_gather_ceiling import COMMON_SRC, OPTS, cupy_device, event_timed  # (run as a script: its folder on the path)
 
-WARMUP, ITERS = 3, 10
-OPTS = ("-std=c++17",)
+ITERS = 10
 
-SRC = r"""
-__device__ __forceinline__ void block_xor(unsigned acc, unsigned* dst) {
-  __shared__ unsigned red[8];
-  for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned r = 0;
-    for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) r ^= red[w];
-    *dst = r;
-  }
-}
-
+SRC = COMMON_SRC + r"""
 // CTA c reads per_cta_v uint4s of region (c % nreg) (each region 1 << shift uint4s, a power of two), from
 // c * stride_v on, wrapping around.
 extern "C" __global__ void __launch_bounds__(256) l2_lsu(const uint4* __restrict__ p, int shift, int nreg,
@@ -69,6 +57,21 @@ __device__ __forceinline__ void bar_wait(unsigned bar, unsigned parity) {
   }
 }
 
+// A ring's `stages` mbarriers (one arrival each, with the copies' bytes), set up by thread 0 for the CTA.
+__device__ __forceinline__ void ring_init(unsigned long long* bars, int stages) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
+// Waits for the last `stages` of n fills of the ring (fill i in slot i % stages) to land.
+__device__ __forceinline__ void ring_drain(unsigned long long* bars, int stages, long long n) {
+  for (long long i = n > stages ? n - stages : 0; i < n; ++i)
+    bar_wait(smem_u32(&bars[i % stages]), static_cast<unsigned>((i / stages) & 1));
+}
+
 // One thread a CTA: nchunks bulk copies of `chunk` bytes (a power of two dividing the region) from region
 // (c % nreg) (1 << shift bytes), from c * stride on, into a ring of `stages` slots, each with its own mbarrier.
 extern "C" __global__ void __launch_bounds__(32) l2_bulk(const char* __restrict__ p, int shift, int nreg, int chunk,
@@ -76,11 +79,7 @@ extern "C" __global__ void __launch_bounds__(32) l2_bulk(const char* __restrict_
                                                         unsigned* out) {
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ __align__(8) unsigned long long bars[16];
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  ring_init(bars, stages);
   if (threadIdx.x == 0) {
     const long long mask = (1ll << shift) - 1;
     const char* base = p + ((long long)(blockIdx.x % nreg) << shift);
@@ -95,8 +94,7 @@ extern "C" __global__ void __launch_bounds__(32) l2_bulk(const char* __restrict_
       asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                    ::"r"(r0 + s * chunk), "l"(src), "r"(chunk), "r"(bar) : "memory");
     }
-    for (long long i = nchunks > stages ? nchunks - stages : 0; i < nchunks; ++i)
-      bar_wait(smem_u32(&bars[i % stages]), static_cast<unsigned>((i / stages) & 1));
+    ring_drain(bars, stages, nchunks);
   }
   __syncthreads();
   const unsigned* w = reinterpret_cast<const unsigned*>(ring);
@@ -113,11 +111,7 @@ extern "C" __global__ void __launch_bounds__(32) l2_tma2d(const void* tmap, int 
   __shared__ __align__(8) unsigned long long bars[16];
   const unsigned r0 = (smem_u32(ring_raw) + 1023u) & ~1023u;  // the swizzle's 1024-byte atoms
   const int tile_bytes = tile_rows * 256;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  ring_init(bars, stages);
   if (threadIdx.x == 0) {
     const long long mask = (1ll << shift) - 1;
     const long long base = (long long)(blockIdx.x % nreg) << shift;
@@ -135,18 +129,13 @@ extern "C" __global__ void __launch_bounds__(32) l2_tma2d(const void* tmap, int 
             "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
             ::"r"(dst + h * (tile_bytes / 2)), "l"(tmap), "r"(h * 64), "r"(row), "r"(bar) : "memory");
     }
-    for (long long i = ntiles > stages ? ntiles - stages : 0; i < ntiles; ++i)
-      bar_wait(smem_u32(&bars[i % stages]), static_cast<unsigned>((i / stages) & 1));
+    ring_drain(bars, stages, ntiles);
   }
   __syncthreads();
   const unsigned* w = reinterpret_cast<const unsigned*>(ring_raw + (r0 - smem_u32(ring_raw)));
   block_xor(w[threadIdx.x] ^ w[threadIdx.x + 32 * 7], out + blockIdx.x);
 }
 
-extern "C" __global__ void fill(unsigned long long* p, long long n) {
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    p[i] = ((unsigned long long)i * 0x9E3779B97F4A7C15ull) ^ ((unsigned long long)i >> 29);
-}
 """
 
 
@@ -182,14 +171,10 @@ def main():
     ap.add_argument("--out", default="out")
     ap.add_argument("--rounds", default="1", help="ignored (accepted so that gpu_bench.sh can pass it)")
     a = ap.parse_args()
-    try:
-        import cupy as cp
-    except Exception as e:
-        print(f"L2 ceiling: n/a (cupy unavailable: {type(e).__name__}: {e})")
+    dev = cupy_device("L2 ceiling")
+    if dev is None:
         return
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    name, sms = props["name"], props["multiProcessorCount"]
-    name = name.decode() if isinstance(name, bytes) else name
+    cp, name, sms, props = dev
     l2 = props.get("l2CacheSize", 0)
     kern = {k: cp.RawKernel(SRC, k, options=OPTS) for k in ("l2_lsu", "l2_bulk", "l2_tma2d", "fill")}
     gib = 1 << 30
@@ -199,17 +184,7 @@ def main():
     tmaps = {rows: _tensor_map(cp, buf, rows) for rows in (128, 256)}  # box rows -> the map (None: no driver API)
 
     def timed(k, grid, block, args, smem=0):
-        for _ in range(WARMUP):
-            k(grid, block, args, shared_mem=smem)
-        ts = []
-        for _ in range(ITERS):
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-            s.record()
-            k(grid, block, args, shared_mem=smem)
-            e.record()
-            e.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
-        return float(np.median(ts))
+        return event_timed(cp, k, grid, block, args, smem=smem, iters=ITERS)
 
     rows = []
 
