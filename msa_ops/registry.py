@@ -18,10 +18,12 @@ from jax.interpreters import batching, mlir
 from jax.sharding import PartitionSpec
 
 from .errors import NativeUnavailableError, OpAttributeError, OpDtypeError, OpShapeError
+from .fold import FOLDS
 from .sharding import explicit_spec, reshard, run_head_parallel
 
 IMPLEMENTATIONS = ("auto", "reference", "native")
 IMPLEMENTATION_ENV = "MSA_OPS_IMPLEMENTATION"
+FOLD_ENV = "MSA_OPS_VMAP_FOLD"  # "0": every vmap takes the lax.map rule (read when a call is batched)
 
 # Platforms whose lowering may emit a native custom call even though this process has not loaded the
 # platform's library (cross-lowering with jax.export).
@@ -173,9 +175,18 @@ def _lowering(ctx, *args, attrs: Attrs, implementation: str, op: OpDef, platform
 
 
 def _batch_rule(args, dims, *, attrs: Attrs, implementation: str, op: OpDef):
-    """vmap: run the op once per batch element (lax.map), unbatched operands shared. A mapped axis sharded over an
+    """vmap: fold the mapped axis into the op's sequences where ``fold.py`` can (one call for every element),
+    else run the op once per batch element (lax.map), unbatched operands shared. A mapped axis sharded over an
     explicit mesh axis is gathered first (lax.map scans it, and a scanned axis must be replicated); the operands'
     other axes keep their shardings."""
+    folder = FOLDS.get(op.name)
+    if folder is not None and os.environ.get(FOLD_ENV, "1").strip() != "0":
+        def bind(*xs, attrs):
+            return op.primitive.bind(*xs, attrs=attrs, implementation=implementation)
+
+        folded = folder(args, dims, attrs=attrs, bind=bind)
+        if folded is not None:
+            return folded
     mapped = [i for i, d in enumerate(dims) if d is not None]  # None = not mapped
     moved = tuple(_replicate_axis0(jnp.moveaxis(args[i], dims[i], 0)) for i in mapped)
 

@@ -1546,3 +1546,27 @@ def test_cuda_indexer_pages_named_twice():
     got = np.asarray(jax.jit(lambda *a: msa_ops.msa_indexer_ragged_paged(*a, implementation="native", **kw))(*args))
     ref, scores, elig = oracle.msa_indexer_ragged_paged(*args, return_scores=True, **kw)
     assert_indexer_matches(got, ref, scores, elig, **kw)
+
+
+VMAP_CASES = [
+    ("test_vmap_mha_ragged_paged_folds", dict(scenario="mixed", pool_axis=3, sink=False)),
+    ("test_vmap_mha_ragged_paged_folds", dict(scenario="decode", pool_axis=None, sink=True)),
+    ("test_vmap_mha_ragged_paged_folds", dict(scenario="spec", pool_axis=0, sink=True)),
+    ("test_vmap_mha_ragged_paged_folds", dict(scenario="prefill", pool_axis=None, sink=False)),
+    ("test_vmap_mha_padded_paged_folds", {}),
+    ("test_vmap_no_cache_folds", {}),
+    ("test_vmap_msa_attention_folds", dict(scenario="decode", dt="bf16", pool_mapped=True)),
+    ("test_vmap_msa_attention_folds", dict(scenario="spec", dt="fp8", pool_mapped=False)),
+    ("test_vmap_msa_attention_folds", dict(scenario="mixed", dt="bf16", pool_mapped=False)),
+    ("test_vmap_msa_indexer_folds", {}),
+    ("test_vmap_kv_cache_store_folds", {}),
+]
+
+
+@pytest.mark.parametrize("name,kw", VMAP_CASES, ids=[f"{n[10:]}-{i}" for i, (n, _) in enumerate(VMAP_CASES)])
+def test_cuda_vmap_folds(name, kw):
+    """tests/test_vmap.py's cases on the CUDA handlers: a vmap folded into one call (bad offsets, cache lengths and
+    page ids among the elements), each element against the float64 oracle."""
+    import test_vmap
+
+    getattr(test_vmap, name)("native", **kw)
