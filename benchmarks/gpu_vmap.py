@@ -4,7 +4,8 @@ sequences (what the fold should reach), timed in rotating rounds in one process.
 
 Cases: dense paged decode (bf16, Hq=32, Hkv=8, D=128, page 128) and MSA decode (bf16, H=32, Hkv=4, topk 16),
 each as N elements of B sequences that share one pool (each element its own q, offsets, cache lengths and page
-table rows). Prints a markdown table; writes gpu_vmap.json / .md into --out.
+table rows; the pool an unmapped argument, never a constant of the graph). Prints a markdown table; writes
+gpu_vmap.json / .md into --out.
 """
 
 from __future__ import annotations
@@ -60,11 +61,11 @@ def dense_case(n, b, length, rng, h=32, hkv=8, d=128, page=128):
     cl = jnp.full((n, b), length - 1, jnp.int32)
     luts = lut.reshape(n, b, -1)
 
-    def one(q, o, c, t):
+    def one(q, o, kv, c, t):
         return msa_ops.mha_ragged_paged(q, o, kv, c, t, 0, mask_str="causal", implementation="native")
 
-    mapped = (jax.vmap(one), (q, offs, cl, luts))
-    flat = (one, (q.reshape(n * b, h, d), jnp.arange(n * b + 1, dtype=jnp.int32), cl.reshape(-1), lut))
+    mapped = (jax.vmap(one, in_axes=(0, 0, None, 0, 0)), (q, offs, kv, cl, luts))
+    flat = (one, (q.reshape(n * b, h, d), jnp.arange(n * b + 1, dtype=jnp.int32), kv, cl.reshape(-1), lut))
     return mapped, flat, n * b * length * hkv * d * 2 * 2
 
 
@@ -79,12 +80,13 @@ def msa_case(n, b, length, rng, topk=16, h=32, hkv=4):
     sel = np.concatenate([sel, np.full((n * hkv * b, 1), blocks - 1)], axis=1).reshape(n, hkv, b, topk)
     idx = jnp.asarray(sel, jnp.int32)
 
-    def one(q, o, c, t, ix):
+    def one(q, o, kv, c, t, ix):
         return msa_ops.msa_attention_ragged_paged(q, o, None, kv, c, t, 0, ix, implementation="native")
 
-    mapped = (jax.vmap(one, in_axes=(0, 0, 0, 0, 0)), (q, offs, cl, luts, idx))
+    mapped = (jax.vmap(one, in_axes=(0, 0, None, 0, 0, 0)), (q, offs, kv, cl, luts, idx))
     flat_idx = jnp.moveaxis(idx, 0, 1).reshape(hkv, n * b, topk)
-    flat = (one, (q.reshape(n * b, h, 128), jnp.arange(n * b + 1, dtype=jnp.int32), cl.reshape(-1), lut, flat_idx))
+    flat = (one, (q.reshape(n * b, h, 128), jnp.arange(n * b + 1, dtype=jnp.int32), kv, cl.reshape(-1), lut,
+                  flat_idx))
     return mapped, flat, n * b * topk * 128 * hkv * 128 * 2 * 2
 
 

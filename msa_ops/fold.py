@@ -1,20 +1,21 @@
 """vmap by folding: the mapped axis of independent calls becomes more sequences of one call.
 
 The attention and cache ops are already batched over sequences, so a vmapped call needs no loop: element ``n``'s
-sequences become sequences of one larger call, its query (and key) rows are laid one element after another, its
-page table points into its own part of a batched pool, and the outputs are laid back. One kernel launch serves
-the whole mapped axis instead of one launch per element in a ``lax.map``.
+sequences become sequences of one larger call, its rows sit where a reshape of the mapped axis puts them, its page
+table points into its own part of a mapped pool, and the outputs are reshaped back. One kernel launch serves the
+whole mapped axis instead of one launch per element in a ``lax.map``, and no operand is gathered or copied (a
+mapped pool on an axis other than its first is moved there).
 
-Each element's offsets are first repaired as every implementation repairs them (``docs/SEMANTICS.md`` §1), so
-that bad offsets mean the same thing folded as alone; rows an element does not own stay padding rows (output 0,
-indexer -1, not stored). A page id outside an element's pool stays outside the folded pool. Routing sees the
-same tokens per sequence as one element would (the ``max_prompt_length`` hint is set to that estimate); the
-partition count may differ, since the folded batch is larger.
+Bad values mean the same folded as alone (docs/SEMANTICS.md): each element's offsets are clamped to its own rows,
+the rows an element does not own belong to gap sequences that have no keys (padding rows: output 0, indexer -1,
+not stored), and a page id outside an element's pool stays outside the folded pool. Routing sees the tokens per
+sequence of one element (the ``max_prompt_length`` hint is set to that estimate); the split-K partition count may
+differ, since the folded batch is larger.
 
-Folding needs the per-call scalars and vectors that do not name sequences (``layer_idx``, ``sink_weights``)
-unmapped; for the KV store, the pool mapped (a shared pool written by every element would make one pool, where
-vmap means one pool per element). Calls that do not fold, and operands that carry an explicit sharding, take the
-``lax.map`` rule of ``registry.py``.
+Folding needs the per-call operands that do not name sequences (``layer_idx``, ``sink_weights``) unmapped, and for
+the KV store the pool mapped (a shared pool written by every element would make one pool, where vmap means one
+pool per element). Calls that do not fold, and operands that carry an explicit sharding, take the ``lax.map`` rule
+of ``registry.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
-from jax import lax
 
 from .reference.common import as_i32
 from .routing import estimate_max_q
@@ -57,54 +57,54 @@ def _split(y, axis: int, n: int):
 
 
 class _Rows:
-    """Where each element's owned rows go in the folded call, and back.
+    """The folded call's sequences: element ``n``'s rows stay where a reshape puts them (``n * t + r``), its ``B``
+    sequences keep their offsets shifted by ``n * t``, and a gap sequence with no keys (its cache length 0, its
+    page-table row -1) owns the rows between one element's last owned row and the next one's first: rows outside
+    ``[eff_n[0], eff_n[B])``, padding rows of the element alone. The folded call has ``N * (B + 1) + 1``
+    sequences: gap, element 0's, gap, ..., element N-1's, gap.
 
-    Element ``n`` owns rows ``[eff_n[0], eff_n[B])`` of its ``t`` (``eff`` the repaired offsets); they are laid
-    one element after another from folded row 0, in order, and the folded rows past them are padding."""
+    The offsets are only clamped to ``[0, t]`` per element: the op's own running max (docs/SEMANTICS.md §1) then
+    repairs each element's as it would alone, since every entry of element ``n`` is at least ``n * t`` and every
+    entry before it at most that."""
 
     def __init__(self, offsets, t: int, n: int):
-        eff = jnp.clip(lax.cummax(as_i32(offsets), axis=1), 0, t)  # [N, B+1]
-        start, end = eff[:, 0], eff[:, -1]
-        cnt = end - start
-        incl = jnp.cumsum(cnt)
-        base = incl - cnt
-        total = incl[-1]
+        o = jnp.clip(as_i32(offsets), 0, t)  # [N, B+1]
         self.n, self.t = n, t
-        self.offsets = jnp.concatenate(
-            [(base[:, None] + eff[:, :-1] - start[:, None]).reshape(-1), total[None]]).astype(jnp.int32)
-        f = jnp.arange(n * t, dtype=jnp.int32)
-        e = jnp.minimum(jnp.searchsorted(incl, f, side="right"), n - 1).astype(jnp.int32)
-        self.src = jnp.where(f < total, e * t + f - base[e] + start[e], f)  # folded row -> (element, row)
-        r = jnp.arange(t, dtype=jnp.int32)[None, :]
-        self.owned = (r >= start[:, None]) & (r < end[:, None])  # [N, T]
-        self.dst = jnp.where(self.owned, base[:, None] + r - start[:, None], 0).reshape(-1)  # (element, row) -> folded
+        shifted = o + (jnp.arange(n, dtype=jnp.int32) * t)[:, None]
+        self.offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), shifted.reshape(-1),
+                                        jnp.full((1,), n * t, jnp.int32)])
+        self._start, self._end = o[:, 0], jnp.max(o, axis=1)
 
-    def gather(self, xb, axis: int):
-        """An operand's rows ([N, ...] with its row axis at ``axis + 1``) in the folded order."""
-        return jnp.take(_merge(xb, axis), self.src, axis=axis, mode="clip")
+    def per_sequence(self, x, fill):
+        """A per-sequence operand ([N, B, ...]) of the folded call: each gap's entry is ``fill``."""
+        pad = [(0, 0), (0, 1)] + [(0, 0)] * (x.ndim - 2)
+        body = jnp.pad(x, pad, constant_values=fill).reshape((-1,) + tuple(x.shape[2:]))
+        return jnp.concatenate([jnp.full((1,) + tuple(x.shape[2:]), fill, x.dtype), body])
 
-    def back(self, y, axis: int, fill) -> tuple[Any, int]:
-        """A folded output's rows (at ``axis``) back to each element's; rows it does not own get ``fill``. Returns
-        the array, element axis at ``axis``."""
-        g = _split(jnp.take(y, self.dst, axis=axis, mode="clip"), axis, self.n)
+    def owned(self, y, axis: int, fill):
+        """A folded output split back per element ([..., N, T, ...] at ``axis``), with ``fill`` on rows an element
+        does not own (for ops whose gap sequences would otherwise attend: no-cache attention)."""
+        g = _split(y, axis, self.n)
+        r = jnp.arange(self.t, dtype=jnp.int32)[None, :]
+        mask = (r >= self._start[:, None]) & (r < self._end[:, None])
         shape = [1] * g.ndim
         shape[axis], shape[axis + 1] = self.n, self.t
-        return jnp.where(self.owned.reshape(shape), g, jnp.asarray(fill, g.dtype)), axis
+        return jnp.where(mask.reshape(shape), g, jnp.asarray(fill, g.dtype))
 
 
 def _pool(kv, d, table_b, n: int):
-    """The pool and page table of the folded call: a mapped pool is laid element after element, and each
-    element's page ids shifted into its part (ids outside its pool become -1, outside every part)."""
-    b, mp = table_b.shape[1], table_b.shape[2]
+    """The pool of the folded call and each element's page table ([N, B, MP], int32): a mapped pool is laid element
+    after element, and each element's page ids shifted into its part (ids outside its pool become -1, outside
+    every part); an unmapped pool is shared as it is."""
+    ids = as_i32(table_b)
     if d is None:
-        return kv, table_b.reshape(n * b, mp)
+        return kv, ids
     kvb = jnp.moveaxis(kv, d, 0)
     nb = kvb.shape[1]
     if n * nb > I32_MAX:
         return None
-    ids = as_i32(table_b)
     shift = (jnp.arange(n, dtype=jnp.int32) * nb)[:, None, None]
-    table = jnp.where((ids >= 0) & (ids < nb), ids + shift, -1).reshape(n * b, mp)
+    table = jnp.where((ids >= 0) & (ids < nb), ids + shift, -1)
     return kvb.reshape((n * nb,) + tuple(kvb.shape[2:])), table
 
 
@@ -130,70 +130,59 @@ def _with_prompt_hint(attrs, t: int, b: int):
     return Attrs.of(items)
 
 
-def _ws_back(y, n: int) -> tuple[Any, int]:
-    """A split-K workspace [NPW, N * rows, ...]: scratch, split along its rows only."""
-    return _split(y, 1, n), 1
-
-
 # ---------------------------------------------------------------------------------------------------------
 # the ragged paged family: mo.mha.ragged.paged(.sink_weights), mo.msa.attention / indexer, the KV store
+
+
+def _ragged_paged(args, dims, n: int, rows_at: int, offs_at: int, pool_at: int, cl_at: int):
+    """(rows, pool, cache lengths, page table) of a folded ragged paged call, or None."""
+    rows_op, offs, cl, lut = (_lead(args[i], dims[i], n) for i in (rows_at, offs_at, cl_at, cl_at + 1))
+    t = rows_op.shape[1]
+    if t == 0 or n * t > I32_MAX:
+        return None
+    pooled = _pool(args[pool_at], dims[pool_at], lut, n)
+    if pooled is None:
+        return None
+    rows = _Rows(offs, t, n)
+    return rows, pooled[0], rows.per_sequence(cl, 0), rows.per_sequence(pooled[1], -1)
 
 
 def fold_mha_ragged_paged(args, dims, *, attrs, bind: Bind) -> Folded:
     # q, input_row_offsets, kv_blocks, cache_lengths, kv_lookup_table, layer_idx[, sink_weights]
     n = _foldable(args, dims, shared=range(5, len(args)))
-    if n is None:
+    folded = None if n is None else _ragged_paged(args, dims, n, rows_at=0, offs_at=1, pool_at=2, cl_at=3)
+    if folded is None:
         return None
-    q, offs, cl, lut = (_lead(args[i], dims[i], n) for i in (0, 1, 3, 4))
-    t, b = q.shape[1], offs.shape[1] - 1
-    if t == 0 or b == 0 or n * t > I32_MAX:
-        return None
-    pooled = _pool(args[2], dims[2], lut, n)
-    if pooled is None:
-        return None
-    rows = _Rows(offs, t, n)
-    out, ws_o, ws_lse = bind(rows.gather(q, 0), rows.offsets, pooled[0], cl.reshape(n * b), pooled[1],
-                             *args[5:], attrs=_with_prompt_hint(attrs, t, b))
-    outs = [rows.back(out, 0, 0), _ws_back(ws_o, n), _ws_back(ws_lse, n)]
-    return [o for o, _ in outs], [d for _, d in outs]
+    rows, kv, cl, lut = folded
+    q = _lead(args[0], dims[0], n)
+    out, ws_o, ws_lse = bind(_merge(q, 0), rows.offsets, kv, cl, lut, *args[5:],
+                             attrs=_with_prompt_hint(attrs, q.shape[1], args[1].shape[-1] - 1))
+    return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
 
 
 def fold_msa_attention(args, dims, *, attrs, bind: Bind) -> Folded:
     # q, input_row_offsets, cache_row_offsets, kv_blocks, cache_lengths, kv_lookup_table, layer_idx, d_indices
     n = _foldable(args, dims, shared=(6,))
-    if n is None:
+    folded = None if n is None else _ragged_paged(args, dims, n, rows_at=0, offs_at=1, pool_at=3, cl_at=4)
+    if folded is None:
         return None
-    q, offs, cl, lut, idx = (_lead(args[i], dims[i], n) for i in (0, 1, 4, 5, 7))
-    t, b = q.shape[1], offs.shape[1] - 1
-    if t == 0 or b == 0 or n * t > I32_MAX:
-        return None
-    pooled = _pool(args[3], dims[3], lut, n)
-    if pooled is None:
-        return None
-    rows = _Rows(offs, t, n)
+    rows, kv, cl, lut = folded
+    q, idx = _lead(args[0], dims[0], n), _lead(args[7], dims[7], n)
     # cache_row_offsets' values are not read (docs/SEMANTICS.md §7): the folded offsets fill its slot
-    out, ws_o, ws_lse = bind(rows.gather(q, 0), rows.offsets, rows.offsets, pooled[0], cl.reshape(n * b),
-                             pooled[1], args[6], rows.gather(idx, 1), attrs=_with_prompt_hint(attrs, t, b))
-    outs = [rows.back(out, 0, 0), _ws_back(ws_o, n), _ws_back(ws_lse, n)]
-    return [o for o, _ in outs], [d for _, d in outs]
+    out, ws_o, ws_lse = bind(_merge(q, 0), rows.offsets, rows.offsets, kv, cl, lut, args[6], _merge(idx, 1),
+                             attrs=_with_prompt_hint(attrs, q.shape[1], args[1].shape[-1] - 1))
+    return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
 
 
 def fold_msa_indexer(args, dims, *, attrs, bind: Bind) -> Folded:
     # q, input_row_offsets, k_blocks, k_cache_lengths, k_lookup_table, layer_idx
     n = _foldable(args, dims, shared=(5,))
-    if n is None:
+    folded = None if n is None else _ragged_paged(args, dims, n, rows_at=0, offs_at=1, pool_at=2, cl_at=3)
+    if folded is None:
         return None
-    q, offs, cl, lut = (_lead(args[i], dims[i], n) for i in (0, 1, 3, 4))
-    t, b = q.shape[1], offs.shape[1] - 1
-    if t == 0 or b == 0 or n * t > I32_MAX:
-        return None
-    pooled = _pool(args[2], dims[2], lut, n)
-    if pooled is None:
-        return None
-    rows = _Rows(offs, t, n)
-    (out,) = bind(rows.gather(q, 0), rows.offsets, pooled[0], cl.reshape(n * b), pooled[1], args[5], attrs=attrs)
-    o, d = rows.back(out, 1, -1)
-    return [o], [d]
+    rows, kb, cl, lut = folded
+    (out,) = bind(_merge(_lead(args[0], dims[0], n), 0), rows.offsets, kb, cl, lut, args[5], attrs=attrs)
+    return [_split(out, 1, n)], [1]
 
 
 def fold_kv_cache_store(args, dims, *, attrs, bind: Bind) -> Folded:
@@ -201,19 +190,13 @@ def fold_kv_cache_store(args, dims, *, attrs, bind: Bind) -> Folded:
     if dims[0] is None:  # one shared pool, one updated pool per element: the loop
         return None
     n = _foldable(args, dims, shared=(6,))
-    if n is None:
+    folded = None if n is None else _ragged_paged(args, dims, n, rows_at=1, offs_at=3, pool_at=0, cl_at=4)
+    if folded is None:
         return None
-    k, v, offs, cl, lut = (_lead(args[i], dims[i], n) for i in (1, 2, 3, 4, 5))
-    t, b = k.shape[1], offs.shape[1] - 1
-    if t == 0 or b == 0 or n * t > I32_MAX:
-        return None
-    pooled = _pool(args[0], dims[0], lut, n)
-    if pooled is None:
-        return None
-    rows = _Rows(offs, t, n)
-    (pool,) = bind(pooled[0], rows.gather(k, 0), rows.gather(v, 0), rows.offsets, cl.reshape(n * b), pooled[1],
-                   args[6], attrs=attrs)
-    return [pool.reshape((n, pool.shape[0] // n) + tuple(pool.shape[1:]))], [0]
+    rows, kv, cl, lut = folded
+    k, v = (_merge(_lead(args[i], dims[i], n), 0) for i in (1, 2))
+    (pool,) = bind(kv, k, v, rows.offsets, cl, lut, args[6], attrs=attrs)
+    return [_split(pool, 0, n)], [0]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -232,7 +215,7 @@ def fold_mha_padded_paged(args, dims, *, attrs, bind: Bind) -> Folded:
     pooled = _pool(args[1], dims[1], lut, n)
     if pooled is None:
         return None
-    out, ws_o, ws_lse = bind(_merge(q, 0), pooled[0], cl.reshape(n * b), pooled[1], args[4],
+    out, ws_o, ws_lse = bind(_merge(q, 0), pooled[0], cl.reshape(n * b), pooled[1].reshape(n * b, -1), args[4],
                              valid.reshape(n * b), attrs=attrs)
     return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
 
@@ -255,14 +238,13 @@ def fold_mha_ragged_no_cache(args, dims, *, attrs, bind: Bind) -> Folded:
     if n is None:
         return None
     q, k, v, offs, kv_offs = (_lead(a, d, n) for a, d in zip(args, dims))
-    t, tk, b = q.shape[1], k.shape[1], offs.shape[1] - 1
-    if t == 0 or b == 0 or n * max(t, tk) > I32_MAX:
+    t, tk = q.shape[1], k.shape[1]
+    if t == 0 or n * max(t, tk) > I32_MAX:
         return None
+    # the gap sequences here have keys (the key rows between two elements' own): their rows are masked after
     rows, keys = _Rows(offs, t, n), _Rows(kv_offs, tk, n)
-    (out,) = bind(rows.gather(q, 0), keys.gather(k, 0), keys.gather(v, 0), rows.offsets, keys.offsets,
-                  attrs=attrs)
-    o, d = rows.back(out, 0, 0)
-    return [o], [d]
+    (out,) = bind(_merge(q, 0), _merge(k, 0), _merge(v, 0), rows.offsets, keys.offsets, attrs=attrs)
+    return [rows.owned(out, 0, 0)], [0]
 
 
 FOLDS: dict[str, Callable[..., Folded]] = {

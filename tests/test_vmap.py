@@ -303,3 +303,18 @@ def test_vmap_kv_cache_store_folds(impl):
     # a shared pool makes one updated pool per element: the loop
     shared = jax.vmap(store, in_axes=(None, 0, 0, 0, 0, 0))
     assert binds(shared, pools[0], ks, vs, offs, cls, luts, name="mo.kv_cache.store.ragged.paged") == (0, 1)
+
+
+def test_vmap_no_sequences(impl):
+    """B = 0 (offsets of one entry) in every element: every row is a padding row, folded too."""
+    rng = np.random.default_rng(16)
+    pool = rand(rng, (6, 2, 1, 16, 2, 64), np.float32)
+    qs = rand(rng, (N, 5, 4, 64), np.float32)
+    offs = np.zeros((N, 1), np.int32)
+    cl = np.zeros((N, 0), np.int32)
+    lut = np.zeros((N, 0, 3), np.int32)
+    fn = jax.vmap(lambda q, o, c, t: msa_ops.mha_ragged_paged(q, o, pool, c, t, np.int32(0), mask_str="causal",
+                                                              implementation=impl))
+    assert binds(fn, qs, offs, cl, lut, name="mo.mha.ragged.paged") == (1, 0)
+    got = np_out(jax.jit(fn)(qs, offs, cl, lut))
+    assert got.shape == qs.shape and not got.any()
