@@ -3,8 +3,10 @@
 The attention and cache ops are already batched over sequences, so a vmapped call needs no loop: element ``n``'s
 sequences become sequences of one larger call, its rows sit where a reshape of the mapped axis puts them, its page
 table points into its own part of a mapped pool, and the outputs are reshaped back. One kernel launch serves the
-whole mapped axis instead of one launch per element in a ``lax.map``, and no operand is gathered or copied (a
-mapped pool on an axis other than its first is moved there).
+whole mapped axis instead of one launch per element in a ``lax.map``. Mapped operands are reshaped, not gathered
+(one mapped on another axis than the one the fold needs is moved there); an unmapped operand of per-row or
+per-sequence data (q, k, v, d_indices, offsets, cache lengths, page tables) is broadcast, i.e. copied N times,
+while an unmapped pool is shared.
 
 Bad values mean the same folded as alone (docs/SEMANTICS.md): each element's offsets are clamped to its own rows,
 the rows an element does not own belong to gap sequences that have no keys (padding rows: output 0, indexer -1,
@@ -69,7 +71,7 @@ class _Rows:
 
     def __init__(self, offsets, t: int, n: int):
         o = jnp.clip(as_i32(offsets), 0, t)  # [N, B+1]
-        self.n, self.t = n, t
+        self.n, self.t, self.b = n, t, o.shape[1] - 1
         shifted = o + (jnp.arange(n, dtype=jnp.int32) * t)[:, None]
         self.offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), shifted.reshape(-1),
                                         jnp.full((1,), n * t, jnp.int32)])
@@ -121,12 +123,13 @@ def _foldable(args, dims, shared: Sequence[int]) -> int | None:
     return n if n >= 1 else None
 
 
-def _with_prompt_hint(attrs, t: int, b: int):
-    """The attrs with ``max_prompt_length`` set to what routing estimates for one element."""
+def _with_prompt_hint(attrs, t: int, b: int, hint: int | None = None):
+    """The attrs with ``max_prompt_length`` set to what routing estimates for one element of ``t`` rows and ``b``
+    sequences (from ``hint``, else the call's own hint)."""
     from .registry import Attrs
 
     items = dict(attrs.items)
-    items["max_prompt_length"] = estimate_max_q(t, b, items.get("max_prompt_length"))
+    items["max_prompt_length"] = estimate_max_q(t, b, items.get("max_prompt_length") if hint is None else hint)
     return Attrs.of(items)
 
 
@@ -137,11 +140,11 @@ def _with_prompt_hint(attrs, t: int, b: int):
 def _ragged_paged(args, dims, n: int, rows_at: int, offs_at: int, pool_at: int, cl_at: int):
     """(rows, pool, cache lengths, page table) of a folded ragged paged call, or None."""
     rows_op, offs, cl, lut = (_lead(args[i], dims[i], n) for i in (rows_at, offs_at, cl_at, cl_at + 1))
-    t = rows_op.shape[1]
-    if t == 0 or n * t > I32_MAX:
+    t, b = rows_op.shape[1], offs.shape[1] - 1
+    if t == 0 or n * t > I32_MAX or n * (b + 1) + 1 > I32_MAX:
         return None
     pooled = _pool(args[pool_at], dims[pool_at], lut, n)
-    if pooled is None:
+    if pooled is None or n * t + lut.shape[2] * pooled[0].shape[3] > I32_MAX:  # the CUDA handlers' int32 positions
         return None
     rows = _Rows(offs, t, n)
     return rows, pooled[0], rows.per_sequence(cl, 0), rows.per_sequence(pooled[1], -1)
@@ -156,7 +159,7 @@ def fold_mha_ragged_paged(args, dims, *, attrs, bind: Bind) -> Folded:
     rows, kv, cl, lut = folded
     q = _lead(args[0], dims[0], n)
     out, ws_o, ws_lse = bind(_merge(q, 0), rows.offsets, kv, cl, lut, *args[5:],
-                             attrs=_with_prompt_hint(attrs, q.shape[1], args[1].shape[-1] - 1))
+                             attrs=_with_prompt_hint(attrs, rows.t, rows.b))
     return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
 
 
@@ -170,7 +173,7 @@ def fold_msa_attention(args, dims, *, attrs, bind: Bind) -> Folded:
     q, idx = _lead(args[0], dims[0], n), _lead(args[7], dims[7], n)
     # cache_row_offsets' values are not read (docs/SEMANTICS.md §7): the folded offsets fill its slot
     out, ws_o, ws_lse = bind(_merge(q, 0), rows.offsets, rows.offsets, kv, cl, lut, args[6], _merge(idx, 1),
-                             attrs=_with_prompt_hint(attrs, q.shape[1], args[1].shape[-1] - 1))
+                             attrs=_with_prompt_hint(attrs, rows.t, rows.b))
     return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
 
 
@@ -209,12 +212,14 @@ def fold_mha_padded_paged(args, dims, *, attrs, bind: Bind) -> Folded:
     if n is None:
         return None
     q, cl, lut, valid = (_lead(args[i], dims[i], n) for i in (0, 2, 3, 5))
-    b = q.shape[1]
-    if b == 0:
+    b, s = q.shape[1], q.shape[2]
+    if b == 0 or n * b * s > I32_MAX:
         return None
     pooled = _pool(args[1], dims[1], lut, n)
     if pooled is None:
         return None
+    hint = attrs.max_prompt_length
+    attrs = _with_prompt_hint(attrs, b * s, b, s if hint is None else hint)  # one element's estimate
     out, ws_o, ws_lse = bind(_merge(q, 0), pooled[0], cl.reshape(n * b), pooled[1].reshape(n * b, -1), args[4],
                              valid.reshape(n * b), attrs=attrs)
     return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
@@ -226,7 +231,7 @@ def fold_mha_padded_no_cache(args, dims, *, attrs, bind: Bind) -> Folded:
     if n is None:
         return None
     q, k, v, valid = (_lead(a, d, n) for a, d in zip(args, dims))
-    if q.shape[1] == 0:
+    if q.shape[1] == 0 or n * q.shape[1] * max(q.shape[2], k.shape[2]) > I32_MAX:
         return None
     (out,) = bind(_merge(q, 0), _merge(k, 0), _merge(v, 0), valid.reshape(-1), attrs=attrs)
     return [_split(out, 0, n)], [0]
@@ -239,7 +244,7 @@ def fold_mha_ragged_no_cache(args, dims, *, attrs, bind: Bind) -> Folded:
         return None
     q, k, v, offs, kv_offs = (_lead(a, d, n) for a, d in zip(args, dims))
     t, tk = q.shape[1], k.shape[1]
-    if t == 0 or n * max(t, tk) > I32_MAX:
+    if t == 0 or n * max(t, tk) > I32_MAX or n * offs.shape[1] + 1 > I32_MAX:
         return None
     # the gap sequences here have keys (the key rows between two elements' own): their rows are masked after
     rows, keys = _Rows(offs, t, n), _Rows(kv_offs, tk, n)

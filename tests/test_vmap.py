@@ -318,3 +318,36 @@ def test_vmap_no_sequences(impl):
     assert binds(fn, qs, offs, cl, lut, name="mo.mha.ragged.paged") == (1, 0)
     got = np_out(jax.jit(fn)(qs, offs, cl, lut))
     assert got.shape == qs.shape and not got.any()
+
+
+def test_vmap_checks_and_routes_as_one_element(impl):
+    """Under vmap an element's shapes and dtypes are checked as a call alone checks them (the fold reshapes operands
+    before any bind); the folded call's route is one element's with offsets mapped on another axis than the
+    first, and with a max_prompt_length hint past one padded element's rows."""
+    rng = np.random.default_rng(17)
+    pool = rand(rng, (6, 2, 1, 16, 1, 64), np.float32)
+    q = rand(rng, (N, 4, 8, 64), np.float32)
+    offs = np.tile(np.arange(5, dtype=np.int32), (N, 1))  # decode: 4 sequences of one row
+    cl, lut = np.full((N, 4), 20, np.int32), rng.integers(0, 6, (N, 4, 3)).astype(np.int32)
+    f = lambda q, o, c, t: msa_ops.mha_ragged_paged(q, o, pool, c, t, np.int32(0), mask_str="causal",
+                                                    implementation=impl)
+    name = "mo.mha.ragged.paged"
+    for bad in (offs.astype(np.float32), offs[:, :, None]):
+        with pytest.raises((msa_ops.OpDtypeError, msa_ops.OpShapeError), match="input_row_offsets"):
+            jax.jit(jax.vmap(f))(q, bad, cl, lut)
+    with pytest.raises(msa_ops.OpShapeError, match="kv_lookup_table"):
+        jax.jit(jax.vmap(f))(q, offs, cl, lut[:, :, 0])
+    want = element_plan(name, q[0], offs[0], pool, cl[0], lut[0], np.int32(0), mask_str="causal")
+    assert want[0] == "decode"
+    fn = jax.vmap(f, in_axes=(0, 1, 0, 0))
+    assert folded_plan(fn, q, offs.T.copy(), cl, lut, name=name) == want
+    got = np_out(jax.jit(fn)(q, offs.T.copy(), cl, lut))
+    for i in range(N):
+        assert_close(got[i], oracle.mha_ragged_paged(q[i], offs[i], pool, cl[i], lut[i], 0, mask_str="causal"), 1e-5,
+                     what=f"offsets on axis 1 [{i}]")
+    qp, valid = rand(rng, (N, 2, 1, 8, 64), np.float32), np.ones((N, 2), np.int32)
+    g = lambda q, c, t, v: msa_ops.mha_padded_paged(q, pool, c, t, np.int32(0), v, mask_str="causal",
+                                                    max_prompt_length=4, implementation=impl)
+    want = element_plan("mo.mha.padded.paged", qp[0], pool, cl[0, :2], lut[0, :2], np.int32(0), valid[0],
+                        mask_str="causal", max_prompt_length=4)
+    assert folded_plan(jax.vmap(g), qp, cl[:, :2], lut[:, :2], valid, name="mo.mha.padded.paged") == want
