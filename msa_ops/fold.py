@@ -112,7 +112,8 @@ def _pool(kv, d, table_b, n: int):
 
 def _foldable(args, dims, shared: Sequence[int]) -> int | None:
     """The mapped size, or None where this call takes the loop: an operand that must be shared is mapped, an
-    operand carries an explicit sharding, or a size the folded int32 row and page ids cannot hold."""
+    operand carries an explicit sharding, or nothing is mapped past size 0. (Each fold checks its own sizes
+    against int32.)"""
     if any(dims[i] is not None for i in shared):
         return None
     for a in args:
