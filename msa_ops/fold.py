@@ -138,8 +138,11 @@ def _with_prompt_hint(attrs, t: int, b: int, hint: int | None = None):
 # the ragged paged family: mo.mha.ragged.paged(.sink_weights), mo.msa.attention / indexer, the KV store
 
 
-def _ragged_paged(args, dims, n: int, rows_at: int, offs_at: int, pool_at: int, cl_at: int):
-    """(rows, pool, cache lengths, page table) of a folded ragged paged call, or None."""
+def _ragged_paged(args, dims, shared: Sequence[int], rows_at: int, offs_at: int, pool_at: int, cl_at: int):
+    """(mapped size, rows, pool, cache lengths, page table) of a folded ragged paged call, or None (the loop)."""
+    n = _foldable(args, dims, shared)
+    if n is None:
+        return None
     rows_op, offs, cl, lut = (_lead(args[i], dims[i], n) for i in (rows_at, offs_at, cl_at, cl_at + 1))
     t, b = rows_op.shape[1], offs.shape[1] - 1
     if t == 0 or n * t > I32_MAX or n * (b + 1) + 1 > I32_MAX:
@@ -148,43 +151,46 @@ def _ragged_paged(args, dims, n: int, rows_at: int, offs_at: int, pool_at: int, 
     if pooled is None or n * t + lut.shape[2] * pooled[0].shape[3] > I32_MAX:  # the CUDA handlers' int32 positions
         return None
     rows = _Rows(offs, t, n)
-    return rows, pooled[0], rows.per_sequence(cl, 0), rows.per_sequence(pooled[1], -1)
+    return n, rows, pooled[0], rows.per_sequence(cl, 0), rows.per_sequence(pooled[1], -1)
+
+
+def _attention_outs(out, ws_o, ws_lse, n: int) -> Folded:
+    """An attention call's folded outputs split back: the output by its rows (axis 0), the split-K workspaces
+    (scratch) along theirs (axis 1)."""
+    return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
 
 
 def fold_mha_ragged_paged(args, dims, *, attrs, bind: Bind) -> Folded:
     # q, input_row_offsets, kv_blocks, cache_lengths, kv_lookup_table, layer_idx[, sink_weights]
-    n = _foldable(args, dims, shared=range(5, len(args)))
-    folded = None if n is None else _ragged_paged(args, dims, n, rows_at=0, offs_at=1, pool_at=2, cl_at=3)
+    folded = _ragged_paged(args, dims, range(5, len(args)), rows_at=0, offs_at=1, pool_at=2, cl_at=3)
     if folded is None:
         return None
-    rows, kv, cl, lut = folded
+    n, rows, kv, cl, lut = folded
     q = _lead(args[0], dims[0], n)
     out, ws_o, ws_lse = bind(_merge(q, 0), rows.offsets, kv, cl, lut, *args[5:],
                              attrs=_with_prompt_hint(attrs, rows.t, rows.b))
-    return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
+    return _attention_outs(out, ws_o, ws_lse, n)
 
 
 def fold_msa_attention(args, dims, *, attrs, bind: Bind) -> Folded:
     # q, input_row_offsets, cache_row_offsets, kv_blocks, cache_lengths, kv_lookup_table, layer_idx, d_indices
-    n = _foldable(args, dims, shared=(6,))
-    folded = None if n is None else _ragged_paged(args, dims, n, rows_at=0, offs_at=1, pool_at=3, cl_at=4)
+    folded = _ragged_paged(args, dims, (6,), rows_at=0, offs_at=1, pool_at=3, cl_at=4)
     if folded is None:
         return None
-    rows, kv, cl, lut = folded
+    n, rows, kv, cl, lut = folded
     q, idx = _lead(args[0], dims[0], n), _lead(args[7], dims[7], n)
     # cache_row_offsets' values are not read (docs/SEMANTICS.md §7): the folded offsets fill its slot
     out, ws_o, ws_lse = bind(_merge(q, 0), rows.offsets, rows.offsets, kv, cl, lut, args[6], _merge(idx, 1),
                              attrs=_with_prompt_hint(attrs, rows.t, rows.b))
-    return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
+    return _attention_outs(out, ws_o, ws_lse, n)
 
 
 def fold_msa_indexer(args, dims, *, attrs, bind: Bind) -> Folded:
     # q, input_row_offsets, k_blocks, k_cache_lengths, k_lookup_table, layer_idx
-    n = _foldable(args, dims, shared=(5,))
-    folded = None if n is None else _ragged_paged(args, dims, n, rows_at=0, offs_at=1, pool_at=2, cl_at=3)
+    folded = _ragged_paged(args, dims, (5,), rows_at=0, offs_at=1, pool_at=2, cl_at=3)
     if folded is None:
         return None
-    rows, kb, cl, lut = folded
+    n, rows, kb, cl, lut = folded
     (out,) = bind(_merge(_lead(args[0], dims[0], n), 0), rows.offsets, kb, cl, lut, args[5], attrs=attrs)
     return [_split(out, 1, n)], [1]
 
@@ -193,11 +199,10 @@ def fold_kv_cache_store(args, dims, *, attrs, bind: Bind) -> Folded:
     # kv_blocks, k, v, input_row_offsets, cache_lengths, kv_lookup_table, layer_idx
     if dims[0] is None:  # one shared pool, one updated pool per element: the loop
         return None
-    n = _foldable(args, dims, shared=(6,))
-    folded = None if n is None else _ragged_paged(args, dims, n, rows_at=1, offs_at=3, pool_at=0, cl_at=4)
+    folded = _ragged_paged(args, dims, (6,), rows_at=1, offs_at=3, pool_at=0, cl_at=4)
     if folded is None:
         return None
-    rows, kv, cl, lut = folded
+    n, rows, kv, cl, lut = folded
     k, v = (_merge(_lead(args[i], dims[i], n), 0) for i in (1, 2))
     (pool,) = bind(kv, k, v, rows.offsets, cl, lut, args[6], attrs=attrs)
     return [_split(pool, 0, n)], [0]
@@ -223,7 +228,7 @@ def fold_mha_padded_paged(args, dims, *, attrs, bind: Bind) -> Folded:
     attrs = _with_prompt_hint(attrs, b * s, b, s if hint is None else hint)  # one element's estimate
     out, ws_o, ws_lse = bind(_merge(q, 0), pooled[0], cl.reshape(n * b), pooled[1].reshape(n * b, -1), args[4],
                              valid.reshape(n * b), attrs=attrs)
-    return [_split(out, 0, n), _split(ws_o, 1, n), _split(ws_lse, 1, n)], [0, 1, 1]
+    return _attention_outs(out, ws_o, ws_lse, n)
 
 
 def fold_mha_padded_no_cache(args, dims, *, attrs, bind: Bind) -> Folded:

@@ -180,12 +180,13 @@ def _batch_rule(args, dims, *, attrs: Attrs, implementation: str, op: OpDef):
     else run the op once per batch element (lax.map), unbatched operands shared. A mapped axis sharded over an
     explicit mesh axis is gathered first (lax.map scans it, and a scanned axis must be replicated); the operands'
     other axes keep their shardings."""
-    # one element's shapes and dtypes checked as a call of the op would check them (the fold reshapes operands
-    # before any bind sees them)
-    op.abstract(*(ShapedArray(tuple(a.shape[:d]) + tuple(a.shape[d + 1:]) if d is not None else tuple(a.shape),
-                              a.dtype) for a, d in zip(args, dims)), attrs=attrs)
     folder = FOLDS.get(op.name)
     if folder is not None and os.environ.get(FOLD_ENV, "1").strip() != "0":
+        # one element's shapes and dtypes checked as a call of the op checks them: the fold reshapes operands
+        # before any bind sees them (the loop below binds each element, which checks it)
+        op.abstract(*(ShapedArray(tuple(a.shape[:d]) + tuple(a.shape[d + 1:]) if d is not None else tuple(a.shape),
+                                  a.dtype) for a, d in zip(args, dims)), attrs=attrs)
+
         def bind(*xs, attrs):
             return op.primitive.bind(*xs, attrs=attrs, implementation=implementation)
 
