@@ -30,18 +30,15 @@ from test_reference import (
 N = 3
 
 
-def binds(fn, *args, name: str) -> tuple[int, int]:
-    """How often the jaxpr of ``fn(*args)`` binds op ``name`` outside any loop, and inside one."""
-    outside = inside = 0
+def op_eqns(fn, *args, name: str) -> list:
+    """(equation, inside a loop) for every binding of op ``name`` in the jaxpr of ``fn(*args)``, sub-jaxprs
+    included."""
+    found = []
 
     def walk(jaxpr, in_loop):
-        nonlocal outside, inside
         for e in jaxpr.eqns:
             if e.primitive.name == name:
-                if in_loop:
-                    inside += 1
-                else:
-                    outside += 1
+                found.append((e, in_loop))
             loop = in_loop or e.primitive.name in ("scan", "while")
             for p in e.params.values():
                 for sub in (p if isinstance(p, (tuple, list)) else (p,)):
@@ -50,25 +47,18 @@ def binds(fn, *args, name: str) -> tuple[int, int]:
                         walk(getattr(inner, "jaxpr", inner), loop)
 
     walk(jax.make_jaxpr(fn)(*args).jaxpr, False)
-    return outside, inside
+    return found
+
+
+def binds(fn, *args, name: str) -> tuple[int, int]:
+    """How often the jaxpr of ``fn(*args)`` binds op ``name`` outside any loop, and inside one."""
+    loops = [in_loop for _, in_loop in op_eqns(fn, *args, name=name)]
+    return loops.count(False), loops.count(True)
 
 
 def folded_plan(fn, *args, name: str):
     """The plan (route, kernel, tile height, tokens per sequence) of the one call ``fn(*args)`` binds."""
-    eqns = []
-
-    def walk(jaxpr):
-        for e in jaxpr.eqns:
-            if e.primitive.name == name:
-                eqns.append(e)
-            for p in e.params.values():
-                for sub in (p if isinstance(p, (tuple, list)) else (p,)):
-                    inner = getattr(sub, "jaxpr", None)
-                    if inner is not None:
-                        walk(getattr(inner, "jaxpr", inner))
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    (e,) = eqns
+    ((e, _),) = op_eqns(fn, *args, name=name)
     p = msa_ops.registry.get_op(name).plan(*(v.aval for v in e.invars), attrs=e.params["attrs"])
     return p.route, p.kernel, p.tile_m, p.max_q
 
@@ -111,6 +101,12 @@ def stack(xs, dtype=None):
     return np.stack([np.asarray(x, dtype) if dtype is not None else np.asarray(x) for x in xs])
 
 
+def tables(els):
+    """The elements' offsets, cache lengths and page tables (uint32 ones as their int32 bits), stacked."""
+    return (stack([e[2] for e in els], np.int32), stack([e[3] for e in els], np.int32),
+            stack([np.asarray(e[4]).view(np.int32) for e in els]))
+
+
 @pytest.mark.parametrize("scenario,pool_axis,sink", [("mixed", 3, False), ("decode", None, True),
                                                      ("spec", 0, True), ("prefill", None, False)])
 def test_vmap_mha_ragged_paged_folds(impl, scenario, pool_axis, sink):
@@ -118,9 +114,7 @@ def test_vmap_mha_ragged_paged_folds(impl, scenario, pool_axis, sink):
     t = els[0][1].T
     rng = np.random.default_rng(5)
     qs = stack([rand(rng, (t, 8, 64), BF16) for _ in els])
-    offs = stack([e[2] for e in els], np.int32)
-    cls = stack([e[3] for e in els], np.int32)
-    luts = stack([np.asarray(e[4]).view(np.int32) for e in els])
+    offs, cls, luts = tables(els)
     pools = np.stack([e[5] for e in els], axis=pool_axis) if pool_axis is not None else els[0][5]
     sinks = (rng.standard_normal(8) * 2).astype(BF16)
     layer = np.int32(1)
@@ -244,9 +238,7 @@ def test_vmap_msa_attention_folds(impl, scenario, dt, pool_mapped):
     rng = np.random.default_rng(13)
     qs = stack([rand(rng, (t, 8, 128), dtype) for _ in els])
     idx = stack([msa_indices(rng, e[1], 2, 8) for e in els])
-    offs = stack([e[2] for e in els], np.int32)
-    cls = stack([e[3] for e in els], np.int32)
-    luts = stack([np.asarray(e[4]).view(np.int32) for e in els])
+    offs, cls, luts = tables(els)
     pools = stack([e[5] for e in els]) if pool_mapped else els[0][5]
     f = lambda q, o, kv, c, lut, ix: msa_ops.msa_attention_ragged_paged(q, o, None, kv, c, lut, np.int32(1), ix,
                                                                         implementation=impl)
@@ -268,9 +260,7 @@ def test_vmap_msa_indexer_folds(impl):
     t = els[0][1].T
     rng = np.random.default_rng(14)
     qs = rand(rng, (N, t, 4, 64), np.float32)
-    offs = stack([e[2] for e in els], np.int32)
-    cls = stack([e[3] for e in els], np.int32)
-    luts = stack([np.asarray(e[4]).view(np.int32) for e in els])
+    offs, cls, luts = tables(els)
     pools = stack([e[5] for e in els])
     kw = dict(topk=3, init_blocks=1, local_blocks=1)
     fn = jax.vmap(lambda q, o, kb, c, lut: msa_ops.msa_indexer_ragged_paged(q, o, kb, c, lut, np.int32(0),
@@ -288,9 +278,7 @@ def test_vmap_kv_cache_store_folds(impl):
     t = els[0][1].T
     rng = np.random.default_rng(15)
     ks, vs = rand(rng, (N, t, 2, 64), BF16), rand(rng, (N, t, 2, 64), BF16)
-    offs = stack([e[2] for e in els], np.int32)
-    cls = stack([e[3] for e in els], np.int32)
-    luts = stack([np.asarray(e[4]).view(np.int32) for e in els])
+    offs, cls, luts = tables(els)
     pools = stack([e[5] for e in els])
     store = lambda kv, k, v, o, c, lut: msa_ops.kv_cache_store_ragged_paged(kv, k, v, o, c, lut, np.int32(1),
                                                                             implementation=impl)
