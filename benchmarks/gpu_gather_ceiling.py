@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import numpy as np
+from harness import write_results  # (run as a script: its folder on the path)
 
 B, HKV, MAXP = 32, 4, 1024
 NB = B * MAXP
@@ -214,13 +214,7 @@ def main():
         parts = "-" if r["partitions"] is None else r["partitions"]
         lines.append(f"| {r['pattern']} | {r['dtype']} | {r['topk']} | {parts} | {r['us']:.1f} | {r['GB/s']:.0f} "
                      f"| {r['frac_dense']:.2f} |")
-    text = "\n".join(lines)
-    print(text)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "gather_ceiling.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
-    with open(os.path.join(a.out, "gather_ceiling.md"), "w") as fh:
-        fh.write(text + "\n")
+    write_results(a.out, "gather_ceiling", rows, "\n".join(lines))
 
 
 if __name__ == "__main__":

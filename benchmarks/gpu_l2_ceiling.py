@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import numpy as np
 from gpu_gather_ceiling import COMMON_SRC, OPTS, cupy_device, event_timed  # (run as a script: its folder on the path)
+from harness import write_results  # (run as a script: its folder on the path)
 
 ITERS = 10
 
@@ -244,13 +244,7 @@ def main():
     for r in rows:
         lines.append(f"| {r['kernel']} | {r['pattern']} | {r['region_bytes'] >> 10} KB | "
                      f"{r['bytes_in_flight_per_sm'] >> 10} KB | {r['GB/s']:.0f} | {r['GB/s per SM']:.1f} |")
-    text = "\n".join(lines)
-    print(text)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "l2_ceiling.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
-    with open(os.path.join(a.out, "l2_ceiling.md"), "w") as fh:
-        fh.write(text + "\n")
+    write_results(a.out, "l2_ceiling", rows, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -46,35 +46,34 @@ def traced_timer(op, args, fold: str):
     return timer
 
 
-def pool(n_seq, length, hkv, d, page, rng):
+def decode_batch(n, b, length, hkv, d, page, h, seed, rng):
+    """N elements of B decode sequences of ``length`` keys over one shared pool of shuffled pages: the pool, each
+    element's q, offsets, cache lengths and page-table rows, and the same sequences as one plain call's q, offsets,
+    cache lengths and page table."""
     mp = -(-length // page)
-    nb = n_seq * mp
+    nb = n * b * mp
     kv = jax.random.normal(jax.random.PRNGKey(1), (nb, 2, 1, page, hkv, d), BF)
-    lut = jnp.asarray(rng.permutation(nb).reshape(n_seq, mp), jnp.int32)
-    return kv, lut
+    lut = jnp.asarray(rng.permutation(nb).reshape(n * b, mp), jnp.int32)
+    q = jax.random.normal(jax.random.PRNGKey(seed), (n, b, h, d), BF)
+    cl = jnp.full((n, b), length - 1, jnp.int32)
+    mapped = (q, jnp.tile(jnp.arange(b + 1, dtype=jnp.int32), (n, 1)), cl, lut.reshape(n, b, -1))
+    flat = (q.reshape(n * b, h, d), jnp.arange(n * b + 1, dtype=jnp.int32), cl.reshape(-1), lut)
+    return kv, mapped, flat
 
 
 def dense_case(n, b, length, rng, h=32, hkv=8, d=128, page=128):
-    kv, lut = pool(n * b, length, hkv, d, page, rng)
-    q = jax.random.normal(jax.random.PRNGKey(2), (n, b, h, d), BF)
-    offs = jnp.tile(jnp.arange(b + 1, dtype=jnp.int32), (n, 1))
-    cl = jnp.full((n, b), length - 1, jnp.int32)
-    luts = lut.reshape(n, b, -1)
+    kv, (q, offs, cl, luts), (qf, offf, clf, lutf) = decode_batch(n, b, length, hkv, d, page, h, 2, rng)
 
     def one(q, o, kv, c, t):
         return msa_ops.mha_ragged_paged(q, o, kv, c, t, 0, mask_str="causal", implementation="native")
 
     mapped = (jax.vmap(one, in_axes=(0, 0, None, 0, 0)), (q, offs, kv, cl, luts))
-    flat = (one, (q.reshape(n * b, h, d), jnp.arange(n * b + 1, dtype=jnp.int32), kv, cl.reshape(-1), lut))
+    flat = (one, (qf, offf, kv, clf, lutf))
     return mapped, flat, n * b * length * hkv * d * 2 * 2
 
 
 def msa_case(n, b, length, rng, topk=16, h=32, hkv=4):
-    kv, lut = pool(n * b, length, hkv, 128, 128, rng)
-    q = jax.random.normal(jax.random.PRNGKey(3), (n, b, h, 128), BF)
-    offs = jnp.tile(jnp.arange(b + 1, dtype=jnp.int32), (n, 1))
-    cl = jnp.full((n, b), length - 1, jnp.int32)
-    luts = lut.reshape(n, b, -1)
+    kv, (q, offs, cl, luts), (qf, offf, clf, lutf) = decode_batch(n, b, length, hkv, 128, 128, h, 3, rng)
     blocks = length // 128
     sel = np.stack([np.sort(rng.choice(blocks - 1, topk - 1, replace=False)) for _ in range(n * hkv * b)])
     sel = np.concatenate([sel, np.full((n * hkv * b, 1), blocks - 1)], axis=1).reshape(n, hkv, b, topk)
@@ -84,9 +83,7 @@ def msa_case(n, b, length, rng, topk=16, h=32, hkv=4):
         return msa_ops.msa_attention_ragged_paged(q, o, None, kv, c, t, 0, ix, implementation="native")
 
     mapped = (jax.vmap(one, in_axes=(0, 0, None, 0, 0, 0)), (q, offs, kv, cl, luts, idx))
-    flat_idx = jnp.moveaxis(idx, 0, 1).reshape(hkv, n * b, topk)
-    flat = (one, (q.reshape(n * b, h, 128), jnp.arange(n * b + 1, dtype=jnp.int32), kv, cl.reshape(-1), lut,
-                  flat_idx))
+    flat = (one, (qf, offf, kv, clf, lutf, jnp.moveaxis(idx, 0, 1).reshape(hkv, n * b, topk)))
     return mapped, flat, n * b * topk * 128 * hkv * 128 * 2 * 2
 
 
