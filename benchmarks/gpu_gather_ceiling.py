@@ -28,8 +28,8 @@ THREADS, WARMUP, ITERS = 256, 3, 20
 ROWB = {"bf16": 256, "fp8": 128}  # bytes of one K/V row of one kv head
 OPTS = ("-std=c++17",)
 
-# The pieces gpu_l2_ceiling.py's kernels use too: a CTA's XOR of its loaded words into *dst (any CTA of up to 256
-# threads), and a fill of a buffer with a pattern of its indices.
+# The pieces the other ceiling scripts' kernels use too: a CTA's XOR of its loaded words into *dst (any CTA of up to
+# 256 threads), a grid-stride read of a contiguous buffer, and a fill of a buffer with a pattern of its indices.
 COMMON_SRC = r"""
 __device__ __forceinline__ void block_xor(unsigned acc, unsigned* dst) {
   __shared__ unsigned red[8];
@@ -41,6 +41,22 @@ __device__ __forceinline__ void block_xor(unsigned acc, unsigned* dst) {
     for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) r ^= red[w];
     *dst = r;
   }
+}
+
+// A grid-stride read of nv uint4s: the streaming read of a contiguous buffer.
+extern "C" __global__ void __launch_bounds__(256) dense_read(const uint4* __restrict__ p, long long nv, unsigned* out) {
+  const long long stride = (long long)gridDim.x * 256;
+  long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + 7 * stride < nv; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = __ldg(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < nv; i += stride) { const uint4 v = __ldg(p + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+  block_xor(acc, out + blockIdx.x);
 }
 
 extern "C" __global__ void fill(unsigned long long* p, long long n) {
@@ -88,20 +104,6 @@ __device__ __forceinline__ void gather(const uint4* __restrict__ kv, const int* 
 GATHER(gather_bf16, 256)
 GATHER(gather_fp8, 128)
 
-extern "C" __global__ void __launch_bounds__(256) dense_read(const uint4* __restrict__ p, long long nv, unsigned* out) {
-  const long long stride = (long long)gridDim.x * 256;
-  long long i = (long long)blockIdx.x * 256 + threadIdx.x;
-  unsigned acc = 0;
-  for (; i + 7 * stride < nv; i += 8 * stride) {
-    uint4 v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = __ldg(p + i + u * stride);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < nv; i += stride) { const uint4 v = __ldg(p + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
-  block_xor(acc, out + blockIdx.x);
-}
 """
 
 

@@ -26,25 +26,8 @@ from harness import write_results  # (run as a script: its folder on the path)
 
 ITERS = 10
 
-SRC = COMMON_SRC + r"""
-// CTA c reads per_cta_v uint4s of region (c % nreg) (each region 1 << shift uint4s, a power of two), from
-// c * stride_v on, wrapping around.
-extern "C" __global__ void __launch_bounds__(256) l2_lsu(const uint4* __restrict__ p, int shift, int nreg,
-                                                         long long per_cta_v, long long stride_v, unsigned* out) {
-  const long long mask = (1ll << shift) - 1;
-  const uint4* base = p + ((long long)(blockIdx.x % nreg) << shift);
-  const long long start = ((long long)blockIdx.x * stride_v) & mask;
-  unsigned acc = 0;
-  for (long long i = threadIdx.x; i < per_cta_v; i += 8 * 256) {
-    uint4 v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = __ldcg(base + ((start + i + u * 256) & mask));
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  block_xor(acc, out + blockIdx.x);
-}
-
+# The ring of shared-memory slots that the bulk and tensor-map readers fill (gpu_decode_ceiling.py's too).
+RING_SRC = r"""
 __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
@@ -70,6 +53,26 @@ __device__ __forceinline__ void ring_init(unsigned long long* bars, int stages) 
 __device__ __forceinline__ void ring_drain(unsigned long long* bars, int stages, long long n) {
   for (long long i = n > stages ? n - stages : 0; i < n; ++i)
     bar_wait(smem_u32(&bars[i % stages]), static_cast<unsigned>((i / stages) & 1));
+}
+"""
+
+SRC = COMMON_SRC + RING_SRC + r"""
+// CTA c reads per_cta_v uint4s of region (c % nreg) (each region 1 << shift uint4s, a power of two), from
+// c * stride_v on, wrapping around.
+extern "C" __global__ void __launch_bounds__(256) l2_lsu(const uint4* __restrict__ p, int shift, int nreg,
+                                                         long long per_cta_v, long long stride_v, unsigned* out) {
+  const long long mask = (1ll << shift) - 1;
+  const uint4* base = p + ((long long)(blockIdx.x % nreg) << shift);
+  const long long start = ((long long)blockIdx.x * stride_v) & mask;
+  unsigned acc = 0;
+  for (long long i = threadIdx.x; i < per_cta_v; i += 8 * 256) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = __ldcg(base + ((start + i + u * 256) & mask));
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  block_xor(acc, out + blockIdx.x);
 }
 
 // One thread a CTA: nchunks bulk copies of `chunk` bytes (a power of two dividing the region) from region
@@ -139,9 +142,10 @@ extern "C" __global__ void __launch_bounds__(32) l2_tma2d(const void* tmap, int 
 """
 
 
-def _tensor_map(cp, buf, box_rows):
-    """A CUtensorMap (2D: 128 bf16 columns x all rows of buf, box 64 x box_rows, 128-byte swizzle) in device
-    memory, by the driver's cuTensorMapEncodeTiled; None where that is not available."""
+def tensor_map(cp, ptr, dims, strides, box, swizzle_128b=True):
+    """A bf16 CUtensorMap in device memory, by the driver's cuTensorMapEncodeTiled: `dims` (innermost first, in
+    elements), `strides` (bytes, of every dim past the first), `box` (elements), 128-byte swizzle or none; None where
+    that is not available."""
     import ctypes
 
     try:
@@ -150,20 +154,22 @@ def _tensor_map(cp, buf, box_rows):
     except (OSError, AttributeError) as e:
         print(f"tensor maps: n/a ({e})")
         return None
+    n = len(dims)
     tmap = (ctypes.c_uint8 * 128)()
-    rows = buf.nbytes // 256
-    dims = (ctypes.c_uint64 * 2)(128, rows)
-    strides = (ctypes.c_uint64 * 1)(256)
-    box = (ctypes.c_uint32 * 2)(64, box_rows)
-    elem = (ctypes.c_uint32 * 2)(1, 1)
-    bf16, no_interleave, swizzle_128b, l2_promo_256b, no_oob_fill = 9, 0, 3, 3, 0
-    rc = enc(ctypes.byref(tmap), ctypes.c_int(bf16), ctypes.c_uint32(2), ctypes.c_void_p(buf.data.ptr), dims, strides,
-             box, elem, ctypes.c_int(no_interleave), ctypes.c_int(swizzle_128b), ctypes.c_int(l2_promo_256b),
-             ctypes.c_int(no_oob_fill))
+    bf16, no_interleave, l2_promo_256b, no_oob_fill = 9, 0, 3, 0
+    rc = enc(ctypes.byref(tmap), ctypes.c_int(bf16), ctypes.c_uint32(n), ctypes.c_void_p(ptr),
+             (ctypes.c_uint64 * n)(*dims), (ctypes.c_uint64 * (n - 1))(*strides), (ctypes.c_uint32 * n)(*box),
+             (ctypes.c_uint32 * n)(*([1] * n)), ctypes.c_int(no_interleave), ctypes.c_int(3 if swizzle_128b else 0),
+             ctypes.c_int(l2_promo_256b), ctypes.c_int(no_oob_fill))
     if rc != 0:
         print(f"tensor maps: cuTensorMapEncodeTiled returned {rc}")
         return None
     return cp.asarray(np.frombuffer(bytes(tmap), dtype=np.uint8))
+
+
+def _tensor_map(cp, buf, box_rows):
+    """2D: 128 bf16 columns x all rows of buf, box 64 x box_rows, 128-byte swizzle."""
+    return tensor_map(cp, buf.data.ptr, (128, buf.nbytes // 256), (256,), (64, box_rows))
 
 
 def main():
