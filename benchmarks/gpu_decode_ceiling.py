@@ -465,6 +465,67 @@ def run_probe(rd, rows):
         cp.get_default_memory_pool().free_all_blocks()
 
 
+def run_lone(rd, rows, rounds):
+    """Decode calls of at most one CTA per SM (64 CTAs), ours against the cp.async reader cut into the same CTAs: the
+    rate one CTA streams at when it has an SM to itself. Dense: B=4, L=64k, page 128, two partitions; MSA: B=16,
+    Hkv=4, 32k cache, topk 64, one partition, bf16 and fp8."""
+    import gpu_mha
+
+    rng = np.random.default_rng(0)
+    cp = rd.cp
+    cases = []
+    # dense
+    b, l, page, parts = 4, 65536, 128, 2
+    q, k, v, kv, lut = gpu_mha.decode_case(b, l, page, rng)
+    offs = jnp.arange(b + 1, dtype=jnp.int32)
+    cl = jnp.full((b,), l - 1, jnp.int32)
+    qr = q.reshape(b, 32, 128)
+
+    def dense(qr, kv, lut, offs, cl):
+        return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=parts,
+                                        implementation="native")
+
+    lut_np = np.asarray(lut)
+    pool = rd.buffer(kv.size * 2)
+    kw = dict(b=b, hkv=DENSE_HKV, page=page, rowb=256, parts=parts, np_=lut_np.shape[1] // parts,
+              maxp=lut_np.shape[1], topk=0, out=cp.zeros(b * DENSE_HKV * parts, cp.uint32))
+    cases.append(("dense 4/64k page 128, 2 partitions", b * DENSE_HKV * parts, 2 * b * l * DENSE_HKV * 128 * 2,
+                  graph_timer(dense, (qr, kv, lut, offs, cl)),
+                  rd.graph_timer(rd.launch_fn("cp", 3, pool, cp.asarray(lut_np), None, **kw)), (q, k, v, kv, pool)))
+    # MSA
+    b, hkv, mp, topk = 16, MSA_HKV, 256, 64
+    kv16 = jax.random.normal(jax.random.PRNGKey(5), (b * mp, 2, 1, 128, hkv, 128), jnp.bfloat16)
+    lut = jnp.asarray(rng.permutation(b * mp).reshape(b, mp), jnp.int32)
+    ids_np = np.stack([np.append(np.sort(rng.choice(mp - 1, topk - 1, replace=False)), mp - 1)
+                       for _ in range(b * hkv)]).astype(np.int32).reshape(b, hkv, topk)
+    ids = jnp.asarray(ids_np.transpose(1, 0, 2))
+    offs = jnp.arange(b + 1, dtype=jnp.int32)
+    cl = jnp.full((b,), mp * 128 - 1, jnp.int32)
+    q16 = jax.random.normal(jax.random.PRNGKey(6), (b, 32, 128), jnp.bfloat16)
+
+    def msa(q, kv, ids, offs, cl, lut):
+        return msa_ops.msa_attention_ragged_paged(q, offs, None, kv, cl, lut, 0, ids, num_partitions=1,
+                                                  implementation="native")
+
+    for dt, rowb, q, kvx in (("bf16", 256, q16, kv16),
+                             ("fp8", 128, q16.astype(jnp.float8_e4m3fn), kv16.astype(jnp.float8_e4m3fn))):
+        pool = rd.buffer(kvx.size * (2 if dt == "bf16" else 1))
+        kw = dict(b=b, hkv=hkv, page=128, rowb=rowb, parts=1, np_=topk, maxp=mp, topk=topk,
+                  out=cp.zeros(b * hkv, cp.uint32))
+        cases.append((f"MSA {dt} B=16 topk 64, 1 partition", b * hkv, 2 * b * hkv * topk * 128 * rowb,
+                      graph_timer(msa, (q, kvx, ids, offs, cl, lut)),
+                      rd.graph_timer(rd.launch_fn("cp", 3, pool, cp.asarray(np.asarray(lut)), cp.asarray(ids_np),
+                                                  **kw)), (q, kvx, pool)))
+    for label, ctas, nbytes, ours_t, reader_t, _keep in cases:
+        got = {n: float(np.median(ts)) for n, ts in bench_rounds({"ours": ours_t, "reader": reader_t},
+                                                                  rounds).items()}
+        r = {"kind": "lone", "case": label, "ctas": ctas, "bytes": nbytes, "ours_us": got["ours"] * 1e6,
+             "reader_us": got["reader"] * 1e6, "ours_gbs_per_cta": nbytes / got["ours"] / ctas / 1e9,
+             "reader_gbs_per_cta": nbytes / got["reader"] / ctas / 1e9}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+
 def render(rows, name):
     md = [f"# Decode read ceilings on {name} (jax {jax.__version__})", "",
           "Read-only kernels that read exactly the K/V rows (and page-table entries) a decode call must read, as "
@@ -494,6 +555,14 @@ def render(rows, name):
                 pt = f"**{p}**" if p == r["plan_partitions"] else str(p)
                 md.append(f"| {r['B']} | {r['L']} | {r['page']} | {pt} | "
                           + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+    lone = [r for r in rows if r["kind"] == "lone"]
+    if lone:
+        md += ["## At most one CTA per SM (--lone): ours and the cp.async reader (3 stages) cut into the same CTAs", "",
+               "| case | CTAs | ours us | reader us | ours GB/s a CTA | reader GB/s a CTA |",
+               "| --- | --- | --- | --- | --- | --- |"]
+        md += [f"| {r['case']} | {r['ctas']} | {r['ours_us']:.1f} | {r['reader_us']:.1f} | "
+               f"{r['ours_gbs_per_cta']:.1f} | {r['reader_gbs_per_cta']:.1f} |" for r in lone]
+        md.append("")
     probe = [r for r in rows if r["kind"] == "probe"]
     if probe:
         md += ["## The cp.async reader at one partition with a kernel's barrier, issue order and compute added "
@@ -535,12 +604,16 @@ def main():
     ap.add_argument("--pages", default="128,16", help="dense decode page sizes")
     ap.add_argument("--topks", default="16,64", help="MSA decode topk values")
     ap.add_argument("--probe", action="store_true", help="only the reader with a kernel's parts added (run_probe)")
+    ap.add_argument("--lone", action="store_true", help="only calls of at most one CTA an SM (run_lone)")
     a = ap.parse_args()
     rd = Readers()
     rows = []
-    if a.probe:
-        run_probe(rd, rows)
-        write_results(a.out, "decode_ceiling_probe", rows, render(rows, rd.name))
+    if a.probe or a.lone:
+        if a.lone:
+            run_lone(rd, rows, a.rounds)
+        if a.probe:
+            run_probe(rd, rows)
+        write_results(a.out, "decode_ceiling_probe" if a.probe else "decode_ceiling_lone", rows, render(rows, rd.name))
         return
     if a.only in (None, "dense"):
         run_dense(rd, rows, a.rounds, [int(p) for p in a.pages.split(",")])
