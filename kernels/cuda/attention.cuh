@@ -990,9 +990,16 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   // check right after the read would stall every warp on its latency before it issues the tile's copies.
   constexpr int kRowsPerWarp = 32 / CPR;  // rows a warp covers in one pass
   constexpr bool kShuffledPages = NPASS * kRowsPerWarp <= 32;
+  // Pages of a power-of-two size of at least a key tile hold whole tiles (tiles start at multiples of BN): one
+  // page-table entry per tile, the same for every thread, and each row's slot is the tile's first slot plus its
+  // row, so the loader forms one base address per tile instead of a page, a slot and an address per row.
+  const bool tile_one_page = a.kv_mode == kKvPaged && a.page_shift >= 0 && a.page_size >= BN;
   auto fetch_pages = [&](int tile) {
     int32_t p = -1;
-    if (kShuffledPages && a.kv_mode == kKvPaged) {
+    if (tile_one_page) {
+      const int key = tile * BN;
+      if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
+    } else if (kShuffledPages && a.kv_mode == kKvPaged) {
       const int lane_ = tid % 32;
       const int r_local = lane_ % kRowsPerWarp, pass = lane_ / kRowsPerWarp;  // lane -> (row, pass)
       const int key = tile * BN + (tid / 32) * kRowsPerWarp + r_local + pass * RSTEP;
@@ -1041,7 +1048,16 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     }
     int64_t src[NPASS];
     bool ok[NPASS];
-    if (a.kv_mode == kKvPaged) {
+    if (tile_one_page) {
+      const int pg = pool_page(a, entry);
+      const int64_t base = static_cast<int64_t>(pg) * page_stride + head_off +
+                           static_cast<int64_t>(key0 & (a.page_size - 1)) * row_stride;
+#pragma unroll
+      for (int i = 0; i < NPASS; ++i) {
+        ok[i] = pg >= 0 && key0 + i * RSTEP < kmax;
+        src[i] = ok[i] ? base + static_cast<int64_t>(i * RSTEP) * row_stride : 0;
+      }
+    } else if (a.kv_mode == kKvPaged) {
       const int warp_row0 = (tid / 32) * kRowsPerWarp;
       const int my_page = pool_page(a, entry);
 #pragma unroll
