@@ -16,7 +16,9 @@ Every kind is timed as the JAX calls are: ten launches in one CUDA graph (XLA ru
 graphs), 20 graph launches x 5 repeats after a warm-up (harness.bench); the fastest configurations, cuDNN and ours
 once a round in rotating order (harness.bench_rounds). If the fastest reader of a point takes longer than the goal
 allows, no kernel that reads this layout reaches the goal there on this GPU, as far as these readers tell.
-Writes decode_ceiling.json / .md into --out.
+Writes decode_ceiling.json / .md into --out. Two diagnostics instead of the comparison: --lone times ours against a
+reader cut into the same 64 CTAs (at most one an SM: the rate one CTA streams at), --probe adds to the reader what a
+kernel adds to a read (a barrier, the issue order of a reused ring, a dependent FMA chain per tile).
 """
 
 from __future__ import annotations
