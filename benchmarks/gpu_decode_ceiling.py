@@ -528,6 +528,21 @@ def run_lone(rd, rows, rounds):
         print(json.dumps(r), flush=True)
 
 
+def partition_rows(lead, sweep, plan=None):
+    """Markdown rows of a partition sweep ({kind: {partitions: us}}, keys int or, read back from JSON, str): the
+    `lead` cells, the partition count (bold where it is `plan`), then the cp.async reader's, the tma reader's and
+    ours us."""
+    def us(kind, p):
+        got = sweep.get(kind, {})
+        return got.get(p, got.get(str(p)))
+
+    out = []
+    for p in sorted({int(k) for part in sweep.values() for k in part}):
+        cells = ["-" if us(k, p) is None else f"{us(k, p):.1f}" for k in ("cp", "tma", "ours")]
+        out.append("| " + " | ".join(map(str, [*lead, f"**{p}**" if p == plan else p, *cells])) + " |")
+    return out
+
+
 def render(rows, name):
     md = [f"# Decode read ceilings on {name} (jax {jax.__version__})", "",
           "Read-only kernels that read exactly the K/V rows (and page-table entries) a decode call must read, as "
@@ -551,12 +566,7 @@ def render(rows, name):
                "`num_partitions` forced, us, timed once each (the plan's count in bold)", "",
                "| B | L | page | partitions | cp.async | tma | ours |", "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in dense:
-            sw = r["sweep_us"]
-            for p in sorted({int(k) for part in sw.values() for k in part}):
-                cells = [sw.get(kind, {}).get(p) for kind in ("cp", "tma", "ours")]
-                pt = f"**{p}**" if p == r["plan_partitions"] else str(p)
-                md.append(f"| {r['B']} | {r['L']} | {r['page']} | {pt} | "
-                          + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+            md += partition_rows([r["B"], r["L"], r["page"]], r["sweep_us"], r["plan_partitions"])
     lone = [r for r in rows if r["kind"] == "lone"]
     if lone:
         md += ["## At most one CTA per SM (--lone): ours and the cp.async reader (3 stages) cut into the same CTAs", "",
@@ -591,10 +601,7 @@ def render(rows, name):
                "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in msa:
             for dt, sw in r["sweep_us"].items():
-                for p in sorted({int(k) for part in sw.values() for k in part}):
-                    cells = [sw.get(kind, {}).get(p) for kind in ("cp", "tma", "ours")]
-                    md.append(f"| {r['cache']} | {r['topk']} | {dt} | {p} | "
-                              + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+                md += partition_rows([r["cache"], r["topk"], dt], sw)
     return "\n".join(md)
 
 
