@@ -346,9 +346,6 @@ def run_dense(rd, rows, rounds, pages):
             cl = jnp.full((b,), l - 1, jnp.int32)
             qr = q.reshape(b, 32, 128)
 
-            def ours(qr, kv, lut, offs, cl):
-                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", implementation="native")
-
             def cud(q, k, v):
                 return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
 
@@ -361,12 +358,9 @@ def run_dense(rd, rows, rounds, pages):
             plan_np = msa_ops.plan("mo.mha.ragged.paged", qr, offs, kv, cl, lut, 0, mask_str="causal").num_partitions
             sweep["ours"] = {}
             for n in sorted({plan_np, *(p for p in (1, 2, 4, 8, 16, 32, 64) if p * b * DENSE_HKV <= 16 * rd.sms)}):
-                def ours_n(qr, kv, lut, offs, cl, n=n):
-                    return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=n,
-                                                    implementation="native")
-                sweep["ours"][n] = round(graph_timer(ours_n, (qr, kv, lut, offs, cl))() * 1e6, 2)
+                sweep["ours"][n] = round(graph_timer(mha_call(n), (qr, kv, lut, offs, cl))() * 1e6, 2)
             contig, cbuf = contiguous_timer(rd, nbytes)
-            timers = {"cudnn": graph_timer(cud, (q, k, v)), "ours": graph_timer(ours, (qr, kv, lut, offs, cl)),
+            timers = {"cudnn": graph_timer(cud, (q, k, v)), "ours": graph_timer(mha_call(), (qr, kv, lut, offs, cl)),
                       "contiguous": contig, **{kind: tm for kind, (_, tm) in best.items()}}
             got = {n: float(np.median(ts)) for n, ts in bench_rounds(timers, rounds).items()}
             r = {"kind": "dense", "B": b, "L": l, "page": page, "bytes": nbytes, "rounds": rounds,
@@ -434,6 +428,15 @@ def run_msa(rd, rows, rounds, topks):
         rd.cp.get_default_memory_pool().free_all_blocks()
 
 
+def mha_call(npart=0):
+    """Our dense decode call as timed (the row offsets, cache lengths and page table as arguments, as in
+    gpu_mha.py); npart forces the split-K partitions (0: the ladder's)."""
+    def f(qr, kv, lut, offs, cl):
+        return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=npart,
+                                        implementation="native")
+    return f
+
+
 PROBE_VARIANTS = ((0, 0), (1, 0), (2, 0), (3, 0), (3, 128), (3, 256), (3, 512), (3, 1024))
 
 
@@ -441,7 +444,9 @@ def run_probe(rd, rows):
     """The cp.async reader at one partition (a CTA per (sequence, kv head), as our MSA topk-16 and dense 64/4k decode
     calls run), with what a decode kernel adds to a read, one thing at a time (cp_read's mode and work): the
     barrier, the issue after the wait, a dependent FMA chain per tile. MSA bf16 topk 16 at 32k, dense 64/4k page
-    128; pages and blocks drawn here (no JAX)."""
+    128; pages drawn here, blocks by gpu_msa.draw_ids."""
+    import gpu_msa
+
     rng = np.random.default_rng(0)
     cp = rd.cp
     points = (("msa bf16 topk 16, 32k", MSA_B, MSA_HKV, 256, 16), ("dense 64/4k page 128", 64, DENSE_HKV, 32, 0))
@@ -449,8 +454,7 @@ def run_probe(rd, rows):
         lut = rng.permutation(b * mp).astype(np.int32).reshape(b, mp)
         ids = None
         if topk:
-            ids = np.stack([np.append(np.sort(rng.choice(mp - 1, topk - 1, replace=False)), mp - 1)
-                            for _ in range(b * hkv)]).astype(np.int32).reshape(b, hkv, topk)
+            ids = gpu_msa.draw_ids(rng, mp, topk, b=b, hkv=hkv)
         pool = rd.buffer(b * mp * 2 * 128 * hkv * 256)
         lut_d = cp.asarray(lut)
         ids_d = None if ids is None else cp.asarray(ids)
@@ -472,6 +476,7 @@ def run_lone(rd, rows, rounds):
     rate one CTA streams at when it has an SM to itself. Dense: B=4, L=64k, page 128, two partitions; MSA: B=16,
     Hkv=4, 32k cache, topk 64, one partition, bf16 and fp8."""
     import gpu_mha
+    import gpu_msa
 
     rng = np.random.default_rng(0)
     cp = rd.cp
@@ -483,31 +488,22 @@ def run_lone(rd, rows, rounds):
     cl = jnp.full((b,), l - 1, jnp.int32)
     qr = q.reshape(b, 32, 128)
 
-    def dense(qr, kv, lut, offs, cl):
-        return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=parts,
-                                        implementation="native")
-
     lut_np = np.asarray(lut)
     pool = rd.buffer(kv.size * 2)
     kw = dict(b=b, hkv=DENSE_HKV, page=page, rowb=256, parts=parts, np_=lut_np.shape[1] // parts,
               maxp=lut_np.shape[1], topk=0, out=cp.zeros(b * DENSE_HKV * parts, cp.uint32))
     cases.append(("dense 4/64k page 128, 2 partitions", b * DENSE_HKV * parts, 2 * b * l * DENSE_HKV * 128 * 2,
-                  graph_timer(dense, (qr, kv, lut, offs, cl)),
+                  graph_timer(mha_call(parts), (qr, kv, lut, offs, cl)),
                   rd.graph_timer(rd.launch_fn("cp", 3, pool, cp.asarray(lut_np), None, **kw)), (q, k, v, kv, pool)))
     # MSA
     b, hkv, mp, topk = 16, MSA_HKV, 256, 64
     kv16 = jax.random.normal(jax.random.PRNGKey(5), (b * mp, 2, 1, 128, hkv, 128), jnp.bfloat16)
     lut = jnp.asarray(rng.permutation(b * mp).reshape(b, mp), jnp.int32)
-    ids_np = np.stack([np.append(np.sort(rng.choice(mp - 1, topk - 1, replace=False)), mp - 1)
-                       for _ in range(b * hkv)]).astype(np.int32).reshape(b, hkv, topk)
+    ids_np = gpu_msa.draw_ids(rng, mp, topk, b=b, hkv=hkv)
     ids = jnp.asarray(ids_np.transpose(1, 0, 2))
     offs = jnp.arange(b + 1, dtype=jnp.int32)
     cl = jnp.full((b,), mp * 128 - 1, jnp.int32)
     q16 = jax.random.normal(jax.random.PRNGKey(6), (b, 32, 128), jnp.bfloat16)
-
-    def msa(q, kv, ids, offs, cl, lut):
-        return msa_ops.msa_attention_ragged_paged(q, offs, None, kv, cl, lut, 0, ids, num_partitions=1,
-                                                  implementation="native")
 
     for dt, rowb, q, kvx in (("bf16", 256, q16, kv16),
                              ("fp8", 128, q16.astype(jnp.float8_e4m3fn), kv16.astype(jnp.float8_e4m3fn))):
@@ -515,7 +511,7 @@ def run_lone(rd, rows, rounds):
         kw = dict(b=b, hkv=hkv, page=128, rowb=rowb, parts=1, np_=topk, maxp=mp, topk=topk,
                   out=cp.zeros(b * hkv, cp.uint32))
         cases.append((f"MSA {dt} B=16 topk 64, 1 partition", b * hkv, 2 * b * hkv * topk * 128 * rowb,
-                      graph_timer(msa, (q, kvx, ids, offs, cl, lut)),
+                      graph_timer(gpu_msa.msa_call(1), (q, kvx, ids, offs, cl, lut)),
                       rd.graph_timer(rd.launch_fn("cp", 3, pool, cp.asarray(np.asarray(lut)), cp.asarray(ids_np),
                                                   **kw)), (q, kvx, pool)))
     for label, ctas, nbytes, ours_t, reader_t, _keep in cases:

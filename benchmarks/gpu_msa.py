@@ -151,11 +151,16 @@ def cudnn_dense_gbs(q16, cache):
     return nbytes / timer() / 1e9
 
 
+def draw_ids(rng, mp, topk, b=B, hkv=HKV):
+    """Per (sequence, kv head): the newest block and topk - 1 random earlier ones, int32 [b, hkv, topk] (numpy)."""
+    ids = np.stack([np.sort(rng.choice(mp - 1, topk - 1, replace=False)) for _ in range(b * hkv)])
+    ids = np.concatenate([ids, np.full((b * hkv, 1), mp - 1)], 1)  # the local block
+    return ids.reshape(b, hkv, topk).astype(np.int32)
+
+
 def decode_ids(rng, mp, topk):
-    """Per (kv head, sequence): the newest block and topk - 1 random earlier ones, [Hkv, B, topk]."""
-    ids = np.stack([np.sort(rng.choice(mp - 1, topk - 1, replace=False)) for _ in range(B * HKV)])
-    ids = np.concatenate([ids, np.full((B * HKV, 1), mp - 1)], 1)  # the local block
-    return jnp.asarray(ids.reshape(B, HKV, topk).transpose(1, 0, 2), jnp.int32)
+    """draw_ids in the op's layout, [Hkv, B, topk]."""
+    return jnp.asarray(draw_ids(rng, mp, topk).transpose(1, 0, 2), jnp.int32)
 
 
 def msa_call(npart):
