@@ -44,15 +44,25 @@ def find_cuobjdump() -> str:
     sys.exit("sass_diff: no cuobjdump (set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
-def functions(lib: str, cuobjdump: str, targets: bool) -> dict[str, list[str]]:
+def tool_env(cuobjdump: str) -> dict:
+    """The environment to run cuobjdump (or nvdisasm) in: its own folder first on PATH, for its nvdisasm."""
     env = dict(os.environ)
-    env["PATH"] = os.path.dirname(cuobjdump) + os.pathsep + env.get("PATH", "")  # its nvdisasm
-    r = subprocess.run([cuobjdump, "-sass", lib], capture_output=True, text=True, env=env)
+    env["PATH"] = os.path.dirname(cuobjdump) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def sass_text(lib: str, cuobjdump: str, who: str = "sass_diff") -> str:
+    """`cuobjdump -sass lib`'s output (exits, saying so, where it fails or holds no function)."""
+    r = subprocess.run([cuobjdump, "-sass", lib], capture_output=True, text=True, env=tool_env(cuobjdump))
     if r.returncode != 0 or "Function :" not in r.stdout:
-        sys.exit(f"sass_diff: cuobjdump -sass {lib} failed: {r.stderr.strip()[:400]}")
+        sys.exit(f"{who}: cuobjdump -sass {lib} failed: {r.stderr.strip()[:400]}")
+    return r.stdout
+
+
+def functions(lib: str, cuobjdump: str, targets: bool) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     body: list[str] | None = None
-    for line in r.stdout.splitlines():
+    for line in sass_text(lib, cuobjdump).splitlines():
         m = _FUNC.match(line)
         if m:
             name = _ANON.sub("ANON", m.group(1))

@@ -28,7 +28,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_diff import find_cuobjdump  # noqa: E402
+from sass_diff import find_cuobjdump, sass_text, tool_env  # noqa: E402
 
 _FUNC = re.compile(r"\s*Function : (\S+)")
 _INSN = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -37,19 +37,10 @@ _LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 COUNTED = ("HMMA", "HGMMA", "QGMMA", "LDSM", "LDGSTS", "UTMALDG", "LDG", "STS", "BAR.SYNC", "SHFL", "MUFU")
 
 
-def _tool_env(tool: str) -> dict:
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(tool) + os.pathsep + env.get("PATH", "")  # its nvdisasm
-    return env
-
-
 def kernel_sass(path: str, name: str, tool: str) -> tuple[str, list[tuple[int, str]]]:
     """(full name, [(address, instruction)]) of the first function whose name holds `name`."""
-    r = subprocess.run([tool, "-sass", path], capture_output=True, text=True, env=_tool_env(tool))
-    if r.returncode != 0:
-        sys.exit(f"sass_loops: cuobjdump -sass {path} failed: {r.stderr.strip()[:400]}")
     found, insns = None, []
-    for line in r.stdout.splitlines():
+    for line in sass_text(path, tool, "sass_loops").splitlines():
         m = _FUNC.match(line)
         if m:
             if found:
@@ -88,7 +79,7 @@ def line_counts(cubin: str, name: str, first: int, last: int, tool: str) -> coll
     """Instructions at addresses [first, last] of the function, by (file, line), from nvdisasm's line info."""
     nvdisasm = os.path.join(os.path.dirname(tool), "nvdisasm")
     r = subprocess.run([nvdisasm if os.path.exists(nvdisasm) else "nvdisasm", "-g", "-c", cubin],
-                       capture_output=True, text=True, env=_tool_env(tool))
+                       capture_output=True, text=True, env=tool_env(tool))
     if r.returncode != 0:
         sys.exit(f"sass_loops: nvdisasm -g {cubin} failed (a cubin is needed): {r.stderr.strip()[:400]}")
     counts: collections.Counter = collections.Counter()
