@@ -218,8 +218,9 @@ def test_cuda_mha_ragged_paged_matches_oracle(case):
 @pytest.mark.parametrize("scenario", ["decode", "spec"])
 @pytest.mark.parametrize("np_", [0, 3])
 def test_cuda_mha_page_sizes_not_a_power_of_two(page, scenario, np_):
-    """Pages of 24 and 48 keys (smaller than a key tile: the 8-row decode tile's own loader) and of 96 (larger than a
-    tile, not a multiple of it): the page-table index and slot come from a division instead of a shift."""
+    """Pages of 24 and 48 keys (smaller than a key tile) and of 96 (larger than a tile, not a multiple of it): the
+    page-table index and slot come from a division instead of a shift (in the 8-row decode tile, the loader of the
+    kernel of any layout)."""
     rng = np.random.default_rng(page + np_)
     batch = make_batch(rng, scenario)
     hkv, group, d = 2, 4, 128
@@ -1066,6 +1067,36 @@ def test_cuda_mha_bad_values_do_not_fault():
                     *a, mask_str="causal", num_partitions=_n, implementation="native", **_h))(*args)
                 want = oracle.mha_ragged_paged(*args, mask_str="causal")
                 assert_close(got, want, budget_for(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("page", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("dtype,d", [(jnp.bfloat16, 128), (jnp.float16, 64)])
+def test_cuda_mha_8_row_tiles_bad_pages(page, dtype, d):
+    """Decode in the 8-row tile with the power-of-two page loaders (pages smaller than a key tile: each thread's
+    rows in one page; a key tile or more: one page a tile): page-table entries past the pool or negative, a layer
+    out of range, and NaN past each sequence's keys in its last page, split and not. An absent page's keys do not
+    exist, the others match the oracle; nothing is read outside the pool (the sanitizer's selection)."""
+    rng = np.random.default_rng(4100 + page + d)
+    hkv, group, mp = 2, 4, -(-700 // page)
+    cache = [int(x) for x in rng.integers(0, mp * page - 1, 5)]
+    cache[0], cache[1] = 0, mp * page - 1  # no cache; a full table
+    batch = RaggedBatch([1] * 5, cache, 5)
+    pc = make_paged_cache(rng, [c + 1 for c in cache], page_size=page, max_pages=mp, n_kv_heads=hkv, head_dim=d,
+                          dtype=dtype)
+    kv = nan_past_keys(pc, batch.cache, batch.n, page)
+    nb = kv.shape[0]
+    lut = np.array(pc.lut)
+    lut[2, rng.integers(0, mp, 2)] = [-3, nb]  # absent pages: negative, and one past the pool
+    lut[3, 0] = nb + 1000
+    q = rand(rng, (batch.T, hkv * group, d), dtype)
+    for layer, np_ in ((1, 1), (1, 3), (0, 4), (2, 1), (-1, 3)):
+        args = (q, batch.offsets, kv, batch.cache_lengths, lut, layer)
+        plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=np_, mask_str="causal")
+        assert plan.tile_m == 8
+        got = jax.jit(lambda *a, _n=np_: msa_ops.mha_ragged_paged(
+            *a, mask_str="causal", num_partitions=_n, implementation="native"))(*args)
+        want = oracle.mha_ragged_paged(*args, mask_str="causal")
+        assert_close(got, want, budget_for(dtype))
 
 
 def test_cuda_mha_equals_native_cpu():

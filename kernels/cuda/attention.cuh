@@ -183,6 +183,16 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
       "{\n.reg .u64 a;\n.reg .u32 s;\ncvta.to.shared.u64 a, %0;\ncvt.u32.u64 s, a;\n"
       "cp.async.cg.shared.global.L2::cache_hint [s], [%1], 16, %2, %3;\n}\n" ::"l"(dst), "l"(src), "r"(n), "l"(policy));
 }
+// The same, to the shared-memory bytes OFF bytes past the generic address dst: copies that share dst share its
+// conversion.
+template <int OFF>
+__device__ __forceinline__ void cp_async16_at(void* dst, const void* src, bool valid, uint64_t policy) {
+  const int n = valid ? 16 : 0;
+  asm volatile(
+      "{\n.reg .u64 a;\n.reg .u32 s;\ncvta.to.shared.u64 a, %0;\ncvt.u32.u64 s, a;\n"
+      "cp.async.cg.shared.global.L2::cache_hint [s+%4], [%1], 16, %2, %3;\n}\n" ::"l"(dst), "l"(src), "r"(n),
+      "l"(policy), "n"(OFF));
+}
 // A K/V copy: streamed (kStream, with the evict-first policy) or with the default policy.
 // dst: the generic address of the destination (the streamed copy converts it in its asm), dst_s: the same as a
 // shared-memory address (the other copy).
@@ -906,9 +916,12 @@ constexpr int kHeadsFastestRows = 16;  // and lower
 
 // kCluster (8-row tiles only): the launch groups each tile's split-K partitions into one cluster along z, and
 // they merge here (cluster_merge) instead of in split_k_combine_kernel.
-// kSmallPages (8-row tiles only): the launch guarantees paged K/V with pages smaller than a key tile, which load
-// through their own loader (below); the other calls' kernels do not carry its code.
-template <typename T, int D, int BLOCK_M, int STAGES, bool kCluster = false, bool kSmallPages = false>
+// kPages: the K/V layouts the launch guarantees, each with its own loader (below), so that a kernel carries only
+// the code of the calls it serves. kPagesAny: contiguous K/V or pages of any size. kPagesSmall (8-row tiles
+// only): paged K/V with power-of-two pages smaller than a key tile. kPagesWhole (8-row tiles only): paged K/V with
+// power-of-two pages of a key tile or more, so that each tile lies in one page.
+enum PagesKind : int { kPagesAny = 0, kPagesSmall = 1, kPagesWhole = 2 };
+template <typename T, int D, int BLOCK_M, int STAGES, bool kCluster = false, int kPages = kPagesAny>
 __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   using Cfg = AttentionConfig<T, D, BLOCK_M, STAGES>;
   using M = Mma<T>;
@@ -993,10 +1006,17 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   // Pages of a power-of-two size of at least a key tile hold whole tiles (tiles start at multiples of BN): one
   // page-table entry per tile, the same for every thread, and each row's slot is the tile's first slot plus its
   // row, so the loader forms one base address per tile instead of a page, a slot and an address per row.
-  const bool tile_one_page = a.kv_mode == kKvPaged && a.page_shift >= 0 && a.page_size >= BN;
+  static_assert(kPages == kPagesAny || Cfg::kTransposed, "the layout-specific loaders serve 8-row tiles");
+  const bool tile_one_page =
+      kPages == kPagesWhole || (a.kv_mode == kKvPaged && a.page_shift >= 0 && a.page_size >= BN);
+  // kPagesSmall: the thread loads rows small_row0 .. small_row0 + kPasses - 1 of each tile, all in one page.
+  const int small_row0 = my_row * NPASS;
   auto fetch_pages = [&](int tile) {
     int32_t p = -1;
-    if (tile_one_page) {
+    if constexpr (kPages == kPagesSmall) {
+      const int key = tile * BN + small_row0;
+      if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
+    } else if (tile_one_page) {
       const int key = tile * BN;
       if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
     } else if (kShuffledPages && a.kv_mode == kKvPaged) {
@@ -1011,39 +1031,84 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   // Decode tiles (16 rows or fewer: the group's heads packed, so each K/V byte is read by one CTA) stream their K/V,
   // except in the cluster-merge kernel (2.5% slower with the policy on the H200, NOTES_mha v22).
   constexpr bool kStream = BLOCK_M <= kHeadsFastestRows && !kCluster;
+  // kPagesWhole: bit s tells whether the tile in ring stage s has its page (no per-row flags: every key of a
+  // tile shares the tile's page, and the keys a row sees lie below kmax).
+  uint32_t tile_ok_bits = 0;
   auto load_tile = [&](int tile, int stage, int32_t entry) {
     const uint64_t pol = kStream ? l2_evict_first() : 0;
     T* sK = sKV + stage * 2 * Cfg::kKvTileElems;
     T* sV = sK + Cfg::kKvTileElems;
     int* valid = sValid + stage * (BN + RSTEP);
     const int key0 = tile * BN + my_row;
-    if (kSmallPages && kShuffledPages && a.kv_mode == kKvPaged && a.page_size < BN) {
-      // Pages smaller than a tile: each row's page by shuffle as below, but one byte address per copy and a
-      // single copy sequence (no second, predicated form for the contiguous layout). On an H200 this took page 16
-      // decode from 0.935x to 0.957x cuDNN; in the shared kernel it cost page 128 2-3% (NOTES_mha v18), hence
-      // the separate instantiation.
-      const int warp_row0 = (tid / 32) * kRowsPerWarp;
-      const int my_page = pool_page(a, entry);
-      const uintptr_t base = reinterpret_cast<uintptr_t>(kvb);
-      int count = 0;
+    if constexpr (kPages == kPagesSmall) {
+      // Power-of-two pages smaller than a tile: this thread's kPasses consecutive rows from small_row0 lie in one
+      // page (a page holds at least 16 rows, kPasses is at most 16 and divides it), whose entry fetch_pages read:
+      // one base address, each row one row stride further. In row r the thread copies chunk my_ch ^ (r & 7),
+      // which the swizzle puts at column chunk my_ch: its destinations lie one row apart. Rows past kmax, or of
+      // an absent page, are zero-filled and flagged absent.
+      const int r0 = small_row0;
+      const int key_r0 = tile * BN + r0;
+      const int pg = pool_page(a, entry);
+      const int n_ok = pg >= 0 ? max(0, min(NPASS, kmax - key_r0)) : 0;  // rows r0 + i, i < n_ok, exist
+      const int64_t base = pg >= 0 ? static_cast<int64_t>(pg) * page_stride + head_off - my_ch * 8 +
+                                         static_cast<int64_t>(key_r0 & (a.page_size - 1)) * row_stride
+                                   : 0;
+      const T* src = kvb + base;
+      T* d0 = sK + r0 * D + my_ch * 8;
+      auto pass = [&](auto ic) {
+        constexpr int i = decltype(ic)::value;
+        const T* s_i = src + (static_cast<int64_t>(i) * row_stride + ((my_ch ^ ((r0 + i) & 7)) * 8));
+        if constexpr (kStream) {
+          cp_async16_at<i * D * 2>(d0, s_i, i < n_ok, pol);
+          cp_async16_at<(Cfg::kKvTileElems + i * D) * 2>(d0, s_i + kv_half, i < n_ok, pol);
+        } else {
+          cp_async16(smem_addr(d0 + i * D), s_i, i < n_ok);
+          cp_async16(smem_addr(d0 + Cfg::kKvTileElems + i * D), s_i + kv_half, i < n_ok);
+        }
+      };
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        (pass(std::integral_constant<int, I>{}), ...);
+      }(std::make_integer_sequence<int, NPASS>{});
+      if (my_ch == 0) {
+        static_assert(NPASS % 4 == 0, "the row flags in 16-byte stores");
 #pragma unroll
-      for (int i = 0; i < NPASS; ++i) {
-        const int key = key0 + i * RSTEP;
-        const int pg = __shfl_sync(0xffffffff, my_page, (my_row - warp_row0) + i * kRowsPerWarp);
-        const int slot = page_slot(a, key);
-        const bool ok = pg >= 0;
-        const uintptr_t src =
-            base + (ok ? static_cast<uintptr_t>((static_cast<int64_t>(pg) * page_stride + head_off +
-                                                 slot * row_stride) * static_cast<int64_t>(sizeof(T)))
-                       : 0);
-        const int off = SwizzledTile<D>::offset(my_row + i * RSTEP, my_ch);
-        cp_async16_kv<kStream>(sK + off, smem_addr(sK + off), reinterpret_cast<const void*>(src), ok, pol);
-        cp_async16_kv<kStream>(sV + off, smem_addr(sV + off),
-                               reinterpret_cast<const void*>(src + kv_half * sizeof(T)), ok, pol);
-        count += ok ? 1 : 0;
-        if (my_ch == 0) valid[my_row + i * RSTEP] = ok ? 1 : 0;
+        for (int i = 0; i < NPASS; i += 4)
+          *reinterpret_cast<int4*>(valid + r0 + i) = make_int4(i < n_ok, i + 1 < n_ok, i + 2 < n_ok, i + 3 < n_ok);
+        valid[BN + my_row] = n_ok;
       }
-      if (my_ch == 0) valid[BN + my_row] = count;
+      return;
+    }
+    if constexpr (kPages == kPagesWhole) {
+      // One base address a tile; an absent page reads nothing (zero-filled copies) at the addresses of page 0.
+      const int pg = pool_page(a, entry);
+      const bool pg_ok = pg >= 0;
+      const int64_t base = pg_ok ? static_cast<int64_t>(pg) * page_stride + head_off +
+                                       static_cast<int64_t>(key0 & (a.page_size - 1)) * row_stride
+                                 : my_ch * 8;
+      const int n_ok = pg_ok ? min(NPASS, (kmax - key0 + RSTEP - 1) / RSTEP) : 0;  // rows i < n_ok exist
+      tile_ok_bits = (tile_ok_bits & ~(1u << stage)) | (static_cast<uint32_t>(pg_ok) << stage);
+      const T* src = kvb + base;
+      if constexpr (kStream && RSTEP % 8 == 0) {
+        // Row my_row + i * RSTEP has the swizzle of row my_row: its chunk lies i * RSTEP rows further.
+        T* d0 = sK + SwizzledTile<D>::offset(my_row, my_ch);
+        auto pass = [&](auto ic) {
+          constexpr int i = decltype(ic)::value;
+          const T* s_i = src + static_cast<int64_t>(i * RSTEP) * row_stride;
+          cp_async16_at<i * RSTEP * D * 2>(d0, s_i, i < n_ok, pol);
+          cp_async16_at<(Cfg::kKvTileElems + i * RSTEP * D) * 2>(d0, s_i + kv_half, i < n_ok, pol);
+        };
+        [&]<int... I>(std::integer_sequence<int, I...>) {
+          (pass(std::integral_constant<int, I>{}), ...);
+        }(std::make_integer_sequence<int, NPASS>{});
+      } else {
+#pragma unroll
+        for (int i = 0; i < NPASS; ++i) {
+          const int off = SwizzledTile<D>::offset(my_row + i * RSTEP, my_ch);
+          const T* s_i = src + static_cast<int64_t>(i * RSTEP) * row_stride;
+          cp_async16_kv<kStream>(sK + off, smem_addr(sK + off), s_i, i < n_ok, pol);
+          cp_async16_kv<kStream>(sV + off, smem_addr(sV + off), s_i + kv_half, i < n_ok, pol);
+        }
+      }
       return;
     }
     int64_t src[NPASS];
@@ -1141,10 +1206,14 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     v.sV = v.sK + Cfg::kKvTileElems;
     v.valid = sValid + stage * (BN + RSTEP);
     v.key0 = (tile_first + it) * BN;
-    int count = 0;
+    if constexpr (kPages == kPagesWhole) {
+      v.present = (tile_ok_bits >> stage) & 1u;
+    } else {
+      int count = 0;
 #pragma unroll
-    for (int j = 0; j < RSTEP; ++j) count += v.valid[BN + j];
-    v.present = count == BN;
+      for (int j = 0; j < RSTEP; ++j) count += v.valid[BN + j];
+      v.present = count == BN;
+    }
     v.full = sl2 > 0.f && v.present && v.key0 >= full_lo && v.key0 + BN <= full_hi;
     return v;
   };
@@ -1206,7 +1275,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
           const int i = e % 2;
           const int kl = key_w0 + lane / 4 + (e / 2) * 8;
           const int key = tile_key0 + kl;
-          const bool vis = key >= row_lo[i] && key < row_hi[i] && valid[kl];
+          const bool vis = key >= row_lo[i] && key < row_hi[i] && (kPages == kPagesWhole ? present : valid[kl] != 0);
           s[e] = vis ? s[e] * sl2 : -INFINITY;
           m_new[i] = fmaxf(m_new[i], s[e]);
         }

@@ -216,15 +216,19 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
     };
     dim3 g = tiles(grid_x + spare);
     if constexpr (Cfg::kTransposed) {
-      // Pages smaller than a key tile: the kernels with the small-page loader (attention_kernel's kSmallPages).
-      // Split in two, their partitions form a cluster and merge in the kernel. Larger pages merge in the combine
+      // Power-of-two pages smaller than a key tile: the kernels with the small-page loader (attention_kernel's
+      // kPagesSmall). Split in two, their partitions form a cluster and merge in the kernel. Larger pages (and
+      // pages of other sizes, which the kernel of any layout serves) merge in the combine
       // kernel, whose route read 0.985-0.986x cuDNN at B=16 / 16k on an H200 against the cluster's 0.976-0.978
       // (at page 16, 0.950-0.951 against 0.959-0.960; benchmarks/NOTES_mha.md v24).
-      if (a.kv_mode == kKvPaged && a.page_size < Cfg::kBlockN) {
-        kernel = attention_kernel<T, D, BM, STAGES, false, true>;
-        clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true, true>, a.num_partitions, g,
-                                         Cfg::kSmemBytes, stream, /*waits=*/false, a);
+      if (a.kv_mode == kKvPaged && a.page_shift >= 0 && a.page_size < Cfg::kBlockN) {
+        kernel = attention_kernel<T, D, BM, STAGES, false, kPagesSmall>;
+        clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true, kPagesSmall>, a.num_partitions,
+                                         g, Cfg::kSmemBytes, stream, /*waits=*/false, a);
         if (clustered) note_launch(kLaunchMmaCluster);
+      } else if (a.kv_mode == kKvPaged && a.page_shift >= 0) {
+        // Power-of-two pages of a key tile or more: one page a tile, the loader of kPagesWhole.
+        kernel = attention_kernel<T, D, BM, STAGES, false, kPagesWhole>;
       }
     }
     if (!clustered) {
