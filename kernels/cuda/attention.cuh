@@ -193,6 +193,15 @@ __device__ __forceinline__ void cp_async16_at(void* dst, const void* src, bool v
       "cp.async.cg.shared.global.L2::cache_hint [s+%4], [%1], 16, %2, %3;\n}\n" ::"l"(dst), "l"(src), "r"(n),
       "l"(policy), "n"(OFF));
 }
+// f(std::integral_constant<int, I>{}) for I = 0 .. N - 1, in order: a loop whose index is a constant in each body.
+template <typename F, int... I>
+__device__ __forceinline__ void unroll_constants(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+__device__ __forceinline__ void unroll_constants(F&& f) {
+  unroll_constants(f, std::make_integer_sequence<int, N>{});
+}
 // A K/V copy: streamed (kStream, with the evict-first policy) or with the default policy.
 // dst: the generic address of the destination (the streamed copy converts it in its asm), dst_s: the same as a
 // shared-memory address (the other copy).
@@ -1066,9 +1075,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
           cp_async16(smem_addr(d0 + Cfg::kKvTileElems + i * D), s_i + kv_half, i < n_ok);
         }
       };
-      [&]<int... I>(std::integer_sequence<int, I...>) {
-        (pass(std::integral_constant<int, I>{}), ...);
-      }(std::make_integer_sequence<int, NPASS>{});
+      unroll_constants<NPASS>(pass);
       if (my_ch == 0) {
         static_assert(NPASS % 4 == 0, "the row flags in 16-byte stores");
 #pragma unroll
@@ -1097,9 +1104,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
           cp_async16_at<i * RSTEP * D * 2>(d0, s_i, i < n_ok, pol);
           cp_async16_at<(Cfg::kKvTileElems + i * RSTEP * D) * 2>(d0, s_i + kv_half, i < n_ok, pol);
         };
-        [&]<int... I>(std::integer_sequence<int, I...>) {
-          (pass(std::integral_constant<int, I>{}), ...);
-        }(std::make_integer_sequence<int, NPASS>{});
+        unroll_constants<NPASS>(pass);
       } else {
 #pragma unroll
         for (int i = 0; i < NPASS; ++i) {
