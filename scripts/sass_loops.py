@@ -13,7 +13,7 @@ where one.cu includes kernels/cuda/attention.cuh and instantiates the kernel exp
 folder of kernels/ and $JAXLIB the jaxlib package's folder (python -c "import jaxlib; print(jaxlib.__path__[0])").
 
 Usage (repo root):
-    python scripts/sass_loops.py $BUILD/libmsa_ops_cuda.so attention_kernelI13__nv_bfloat16Li128ELi8ELi3ELb0ELb0E
+    python scripts/sass_loops.py $BUILD/libmsa_ops_cuda.so attention_kernelI13__nv_bfloat16Li128ELi8ELi3ELb0ELi2E
     python scripts/sass_loops.py one.cubin attention_kernel --lines 25
 
 cuobjdump and nvdisasm as for scripts/sass_diff.py (CUOBJDUMP, PATH, or the toolkit beside nvcc).
