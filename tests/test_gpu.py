@@ -1069,13 +1069,15 @@ def test_cuda_mha_bad_values_do_not_fault():
                 assert_close(got, want, budget_for(jnp.bfloat16))
 
 
-@pytest.mark.parametrize("page", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("page", [4, 8, 16, 32, 64, 128, 256])
 @pytest.mark.parametrize("dtype,d", [(jnp.bfloat16, 128), (jnp.float16, 64)])
 def test_cuda_mha_8_row_tiles_bad_pages(page, dtype, d):
     """Decode in the 8-row tile with the power-of-two page loaders (pages smaller than a key tile: each thread's
-    rows in one page; a key tile or more: one page a tile): page-table entries past the pool or negative, a layer
-    out of range, and NaN past each sequence's keys in its last page, split and not. An absent page's keys do not
-    exist, the others match the oracle; nothing is read outside the pool (the sanitizer's selection)."""
+    rows in one page; a key tile or more: one page a tile) and, with pages smaller than a thread's rows (4 keys at
+    head dim 128, whose threads load 8 rows a tile), the kernel of any layout: page-table entries
+    past the pool or negative, a layer out of range, and NaN past each sequence's keys in its last page, split and
+    not. An absent page's keys do not exist, the others match the oracle; nothing is read outside the pool (the
+    sanitizer's selection)."""
     rng = np.random.default_rng(4100 + page + d)
     hkv, group, mp = 2, 4, -(-700 // page)
     cache = [int(x) for x in rng.integers(0, mp * page - 1, 5)]

@@ -927,8 +927,8 @@ constexpr int kHeadsFastestRows = 16;  // and lower
 // they merge here (cluster_merge) instead of in split_k_combine_kernel.
 // kPages: the K/V layouts the launch guarantees, each with its own loader (below), so that a kernel carries only
 // the code of the calls it serves. kPagesAny: contiguous K/V or pages of any size. kPagesSmall (8-row tiles
-// only): paged K/V with power-of-two pages smaller than a key tile. kPagesWhole (8-row tiles only): paged K/V with
-// power-of-two pages of a key tile or more, so that each tile lies in one page.
+// only): paged K/V with power-of-two pages smaller than a key tile and of at least kPasses keys. kPagesWhole (8-row
+// tiles only): paged K/V with power-of-two pages of a key tile or more, so that each tile lies in one page.
 enum PagesKind : int { kPagesAny = 0, kPagesSmall = 1, kPagesWhole = 2 };
 template <typename T, int D, int BLOCK_M, int STAGES, bool kCluster = false, int kPages = kPagesAny>
 __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
@@ -1051,8 +1051,8 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
     const int key0 = tile * BN + my_row;
     if constexpr (kPages == kPagesSmall) {
       // Power-of-two pages smaller than a tile: this thread's kPasses consecutive rows from small_row0 lie in one
-      // page (a page holds at least 16 rows, kPasses is at most 16 and divides it), whose entry fetch_pages read:
-      // one base address, each row one row stride further. In row r the thread copies chunk my_ch ^ (r & 7),
+      // page (the launch guarantees at least kPasses keys a page; both are powers of two), whose entry
+      // fetch_pages read: one base address, each row one row stride further. In row r the thread copies chunk my_ch ^ (r & 7),
       // which the swizzle puts at column chunk my_ch: its destinations lie one row apart. Rows past kmax, or of
       // an absent page, are zero-filled and flagged absent.
       const int r0 = small_row0;

@@ -221,12 +221,17 @@ Error launch_attention(cudaStream_t stream, const AttentionArgs& a, int grid_x, 
       // pages of other sizes, which the kernel of any layout serves) merge in the combine
       // kernel, whose route read 0.985-0.986x cuDNN at B=16 / 16k on an H200 against the cluster's 0.976-0.978
       // (at page 16, 0.950-0.951 against 0.959-0.960; benchmarks/NOTES_mha.md v24).
-      if (a.kv_mode == kKvPaged && a.page_shift >= 0 && a.page_size < Cfg::kBlockN) {
-        kernel = attention_kernel<T, D, BM, STAGES, false, kPagesSmall>;
-        clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true, kPagesSmall>, a.num_partitions,
-                                         g, Cfg::kSmemBytes, stream, /*waits=*/false, a);
-        if (clustered) note_launch(kLaunchMmaCluster);
-      } else if (a.kv_mode == kKvPaged && a.page_shift >= 0) {
+      // The small-page loader needs each thread's kPasses consecutive rows in one page: smaller pages (8 keys and
+      // fewer) take the kernel of any layout too.
+      const bool pow2_pages = a.kv_mode == kKvPaged && a.page_shift >= 0;
+      if (pow2_pages && a.page_size < Cfg::kBlockN) {
+        if (a.page_size >= Cfg::kPasses) {
+          kernel = attention_kernel<T, D, BM, STAGES, false, kPagesSmall>;
+          clustered = launch_cluster_merge(attention_kernel<T, D, BM, STAGES, true, kPagesSmall>,
+                                           a.num_partitions, g, Cfg::kSmemBytes, stream, /*waits=*/false, a);
+          if (clustered) note_launch(kLaunchMmaCluster);
+        }
+      } else if (pow2_pages) {
         // Power-of-two pages of a key tile or more: one page a tile, the loader of kPagesWhole.
         kernel = attention_kernel<T, D, BM, STAGES, false, kPagesWhole>;
       }
