@@ -167,6 +167,34 @@ __device__ __forceinline__ void wgmma_ss_n8_e4m3(float* d, uint64_t da, uint64_t
 }
 #endif
 
+// Per-CTA phase stamps of the decode kernel, for profiling builds only (CMake -DMSA_OPS_MSA_STAMPS=ON): thread 0 of
+// each of the first kMsaStampCtas CTAs (x fastest, then y, then z) writes clock64() at kMsaStampPoints points, the
+// global timer (ns) at the first and last, and its SM, read back after a call by msa_ops_msa_stamps() (below;
+// scripts/probe_msa_stamps.py). The points: 0 start, 1 past the wait for the previous kernel, 2 owner found, 3 Q,
+// slots and page-table row landed, 4 tile list built, 5 first tile landed, 6 last tile done, 7 output stored (the
+// last three in the transposed form, groups of at most 8 heads). Compiled out otherwise.
+constexpr int kMsaStampCtas = 4096, kMsaStampPoints = 8, kMsaStampCols = kMsaStampPoints + 3;
+#if defined(MSA_OPS_MSA_STAMPS)
+__device__ long long g_msa_stamps[kMsaStampCtas][kMsaStampCols];
+__device__ __forceinline__ void msa_stamp(int point) {
+  const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (threadIdx.x != 0 || cta >= kMsaStampCtas) return;
+  g_msa_stamps[cta][point] = clock64();
+  if (point == 0 || point == kMsaStampPoints - 1) {
+    long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_msa_stamps[cta][kMsaStampPoints + (point == 0 ? 0 : 1)] = ns;
+  }
+  if (point == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    g_msa_stamps[cta][kMsaStampPoints + 2] = sm;
+  }
+}
+#else
+__device__ __forceinline__ void msa_stamp(int) {}
+#endif
+
 // kT: the transposed form for groups of at most 8 heads (one row block).
 // kCluster (with kT only): the launch groups each token's split-K partitions into one cluster along z, and they
 // merge here (cluster_merge) instead of in split_k_combine_kernel.
@@ -204,8 +232,10 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 
   // Launched with programmatic dependent launch (launch_pdl): nothing is read before the previous kernel in the
   // stream has completed, and the next one may launch its CTAs (which wait likewise) at once.
+  msa_stamp(0);
   pdl_wait();
   pdl_trigger();
+  msa_stamp(1);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int row_blocks = (a.group + 15) / 16;
   const int t = blockIdx.x / row_blocks;
@@ -246,6 +276,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 
   int64_t e0 = 0, e1 = 0;
   const int b = owner_of(a, t, &e0, &e1);
+  msa_stamp(2);
   if (b < 0) {  // a padding row: zero here when the partitions merge here; split-K's combine zeroes it otherwise
     cp_async_wait<0>();  // no copy outlives the CTA
     if (a.num_partitions <= 1 || (kCluster && part == 0)) {
@@ -262,6 +293,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   if constexpr (kWg) fence_proxy_async();  // Q's copies, before the warpgroup MMA reads them
 #endif
   __syncthreads();
+  msa_stamp(3);
   const int64_t s_max = static_cast<int64_t>(a.max_pages) * kBlock;
   const int64_t c = iclamp(guessed ? sMeta[0] : cl_mem, 0, s_max);
   const int64_t p = c + (t - e0);
@@ -331,6 +363,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   }
 
   __syncthreads();  // the tile list
+  msa_stamp(4);
   const int num_tiles = *sCount;
 
   // ---- tile loader: kBN consecutive key slots of one page, K and V, 16-byte chunks.
@@ -419,6 +452,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
 
     for (int it = 0; it < num_tiles; ++it) {
       const unsigned char* sK = await_tile(it);
+      if (it == 0) msa_stamp(5);
       const unsigned char* sV = sK + kBN * kRowBytes;
       const int key0 = sTiles[it];
 
@@ -505,6 +539,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       }
     }
     cp_async_wait<0>();
+    msa_stamp(6);
 
     // Head sums across g; the four warps merge through shared memory, and thread tid finishes head tid / 16,
     // dims (tid % 16) * 8 onwards.
@@ -547,6 +582,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
       if (tid % 16 == 0) a.ws_lse[wr] = any ? mt + log2f(lt) : -INFINITY;
     }
+    msa_stamp(7);
   } else {
     uint32_t qf[KS][4];
 #pragma unroll
@@ -803,6 +839,18 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
 }
 
 }  // namespace
+
+#if defined(MSA_OPS_MSA_STAMPS)
+// Profiling builds: copies the decode kernel's phase stamps (g_msa_stamps) into `out` ([kMsaStampCtas]
+// [kMsaStampCols] int64); returns the cudaError_t.
+extern "C" __attribute__((visibility("default"))) int msa_ops_msa_stamps(long long* out) {
+  return static_cast<int>(cudaMemcpyFromSymbol(out, g_msa_stamps, sizeof(g_msa_stamps)));
+}
+// Overwrites the stamps with `in` (zeros, to clear them); returns the cudaError_t.
+extern "C" __attribute__((visibility("default"))) int msa_ops_msa_stamps_set(const long long* in) {
+  return static_cast<int>(cudaMemcpyToSymbol(g_msa_stamps, in, sizeof(g_msa_stamps)));
+}
+#endif
 
 Error MsaAttention(cudaStream_t stream, AnyBuffer q, AnyBuffer offsets, AnyBuffer cache_row_offsets, AnyBuffer kv,
                    AnyBuffer cache_lengths, AnyBuffer lut, AnyBuffer layer, AnyBuffer d_indices, double scale,

@@ -1,0 +1,114 @@
+"""Where an MSA decode CTA's time goes, from the per-CTA phase stamps of a profiling build (msa.cu, g_msa_stamps:
+thread 0 of each CTA, clock64 at eight points, the global timer at the first and last, and its SM):
+
+  cmake -S kernels -B /tmp/bms -G Ninja -DMSA_OPS_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release -DMSA_OPS_MSA_STAMPS=ON
+  cmake --build /tmp/bms && MSA_OPS_LIBRARY_DIR=/tmp/bms python3 scripts/probe_msa_stamps.py [--ghz 1.75]
+
+The decode shape of benchmarks/gpu_msa.py (B=32, H=32, Hkv=4, D=128, pages shuffled over the pool), for each case
+of --cases (cache:topk:dtype) at --partitions. Each case is timed as the benchmark times it (10 calls in one jitted
+function, whose CTAs may start while the previous call ends: programmatic dependent launch), and the stamps read
+afterwards are the last call's. Prints, over the CTAs, the median and 90th percentile of each phase in us (cycles
+at --ghz), the per-tile streaming time, and the call's span from the global timer: when the CTAs started, left
+their wait for the previous call, and ended. A reader of the same blocks (benchmarks/gpu_decode_ceiling.py) has
+none of the phases before the first tile but the page-table read, and no epilogue: what of the call those phases
+take is what the start and end of ours cost (NOTES_msa v44: about 5 us a call at topk 16 on an H100).
+"""
+
+import argparse
+import ctypes
+import os
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from gpu_msa import decode_case, decode_ids, msa_call  # noqa: E402
+from harness import bench_in_graph  # noqa: E402
+
+from msa_ops import _native  # noqa: E402
+
+POINTS = ["start", "waited", "owner found", "Q, slots, page table landed", "tile list built", "first tile landed",
+          "last tile done", "output stored"]
+CTAS, COLS = 4096, len(POINTS) + 3  # msa.cu: kMsaStampCtas, kMsaStampCols (clocks, timer at start and end, SM)
+
+
+def _lib():
+    path = _native.info()["platforms"]["cuda"]["library"]
+    lib = ctypes.CDLL(path)
+    if not hasattr(lib, "msa_ops_msa_stamps"):
+        raise SystemExit(f"{path} is not a profiling build (-DMSA_OPS_MSA_STAMPS=ON)")
+    return lib
+
+
+def reset():
+    """Zeroes the stamps (a synchronous copy)."""
+    buf = np.zeros((CTAS, COLS), np.int64)
+    rc = _lib().msa_ops_msa_stamps_set(buf.ctypes.data_as(ctypes.c_void_p))
+    if rc != 0:
+        raise SystemExit(f"msa_ops_msa_stamps_set: CUDA error {rc}")
+
+
+def stamps():
+    buf = np.zeros((CTAS, COLS), np.int64)
+    rc = _lib().msa_ops_msa_stamps(buf.ctypes.data_as(ctypes.c_void_p))
+    if rc != 0:
+        raise SystemExit(f"msa_ops_msa_stamps: CUDA error {rc}")
+    return buf
+
+
+def q(v, p):
+    return float(np.percentile(v, p)) if len(v) else float("nan")
+
+
+def run(cache, topk, dtype, npart, ghz, rng):
+    kv16, kv8, lut, offs, cl, q16, q8 = decode_case(cache, rng)
+    ids = decode_ids(rng, cache // 128, topk)
+    qq, kv = (q16, kv16) if dtype == "bf16" else (q8, kv8)
+    args = (qq, kv, ids, offs, cl, lut)
+    jax.block_until_ready(jax.jit(msa_call(npart))(*args))
+    reset()
+    dt = bench_in_graph(msa_call(npart), args)
+    s = stamps()
+    live = s[:, 0] != 0
+    done = live & (s[:, len(POINTS) - 1] != 0)  # CTAs that reached the end (padding rows return early)
+    cyc = ghz * 1e3  # cycles per us
+    tiles = topk * (2 if dtype == "bf16" else 1) / npart  # bf16 tiles are 64 keys, fp8 128: per CTA
+    print(f"\n## cache {cache // 1024}k, topk {topk}, {dtype}, {npart} partition(s): {int(live.sum())} CTAs stamped, "
+          f"{int(done.sum())} to the end, on {len(set(s[live, -1]))} SMs; {dt * 1e6:.1f} us a call (timed as in "
+          f"gpu_msa.py); us at {ghz} GHz")
+    d = s[done]
+    print("| phase (from the previous point) | median | p90 |")
+    print("| --- | --- | --- |")
+    for j in range(1, len(POINTS)):
+        v = (d[:, j] - d[:, j - 1]) / cyc
+        print(f"| {POINTS[j]} | {q(v, 50):.2f} | {q(v, 90):.2f} |")
+    stream = (d[:, 6] - d[:, 5]) / cyc
+    print(f"streaming: {q(stream, 50) / max(tiles - 1, 1):.3f} us a tile after the first ({tiles:.0f} tiles a CTA); "
+          f"before the first tile {q((d[:, 5] - d[:, 1]) / cyc, 50):.2f} us past the wait, after the last "
+          f"{q((d[:, 7] - d[:, 6]) / cyc, 50):.2f} us")
+    g0 = d[:, len(POINTS)]  # global timer at the start, ns
+    waited = g0 + (d[:, 1] - d[:, 0]) / ghz  # cycles to ns at ghz
+    g1 = d[:, len(POINTS) + 1]
+    base = waited.min()
+    print(f"timeline (us from the first CTA past its wait): starts {q((g0 - base) / 1e3, 50):.2f} median; waits "
+          f"end {q((waited - base) / 1e3, 50):.2f} median, {q((waited - base) / 1e3, 100):.2f} last; ends "
+          f"{q((g1 - base) / 1e3, 50):.2f} median, {q((g1 - base) / 1e3, 90):.2f} p90, {q((g1 - base) / 1e3, 100):.2f} "
+          f"last (the kernel's span past the wait)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ghz", type=float, default=1.75, help="SM clock for cycles -> us")
+    ap.add_argument("--cases", default="32768:16:bf16,32768:64:bf16,32768:16:fp8",
+                    help="comma list of cache:topk:dtype (dtype bf16 or fp8)")
+    ap.add_argument("--partitions", type=int, default=1)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    for case in args.cases.split(","):
+        cache, topk, dtype = case.split(":")
+        run(int(cache), int(topk), dtype, args.partitions, args.ghz, rng)
+
+
+if __name__ == "__main__":
+    main()
