@@ -15,7 +15,6 @@ take is what the start and end of ours cost (NOTES_msa v44: about 5 us a call at
 """
 
 import argparse
-import ctypes
 import os
 import sys
 
@@ -25,36 +24,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from gpu_msa import decode_case, decode_ids, msa_call  # noqa: E402
 from harness import bench_in_graph  # noqa: E402
-
-from msa_ops import _native  # noqa: E402
+from probe_ws_stamps import reset, stamps  # noqa: E402  (this script's folder is on the path)
 
 POINTS = ["start", "waited", "owner found", "Q, slots, page table landed", "tile list built", "first tile landed",
           "last tile done", "output stored"]
-CTAS, COLS = 4096, len(POINTS) + 3  # msa.cu: kMsaStampCtas, kMsaStampCols (clocks, timer at start and end, SM)
-
-
-def _lib():
-    path = _native.info()["platforms"]["cuda"]["library"]
-    lib = ctypes.CDLL(path)
-    if not hasattr(lib, "msa_ops_msa_stamps"):
-        raise SystemExit(f"{path} is not a profiling build (-DMSA_OPS_MSA_STAMPS=ON)")
-    return lib
-
-
-def reset():
-    """Zeroes the stamps (a synchronous copy)."""
-    buf = np.zeros((CTAS, COLS), np.int64)
-    rc = _lib().msa_ops_msa_stamps_set(buf.ctypes.data_as(ctypes.c_void_p))
-    if rc != 0:
-        raise SystemExit(f"msa_ops_msa_stamps_set: CUDA error {rc}")
-
-
-def stamps():
-    buf = np.zeros((CTAS, COLS), np.int64)
-    rc = _lib().msa_ops_msa_stamps(buf.ctypes.data_as(ctypes.c_void_p))
-    if rc != 0:
-        raise SystemExit(f"msa_ops_msa_stamps: CUDA error {rc}")
-    return buf
+# msa.cu's g_msa_stamps: kMsaStampCtas x kMsaStampCols (clocks, timer at start and end, SM)
+MSA_STAMPS = ("msa_ops_msa_stamps", (4096, len(POINTS) + 3), "MSA_OPS_MSA_STAMPS")
 
 
 def q(v, p):
@@ -67,9 +42,9 @@ def run(cache, topk, dtype, npart, ghz, rng):
     qq, kv = (q16, kv16) if dtype == "bf16" else (q8, kv8)
     args = (qq, kv, ids, offs, cl, lut)
     jax.block_until_ready(jax.jit(msa_call(npart))(*args))
-    reset()
+    reset(MSA_STAMPS)
     dt = bench_in_graph(msa_call(npart), args)
-    s = stamps()
+    s = stamps(MSA_STAMPS)
     live = s[:, 0] != 0
     done = live & (s[:, len(POINTS) - 1] != 0)  # CTAs that reached the end (padding rows return early)
     cyc = ghz * 1e3  # cycles per us

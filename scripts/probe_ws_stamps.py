@@ -27,28 +27,37 @@ LOADER = ["start", "placed", "Q buffer free", "Q issued", "key range", "K 0 issu
 SHAPE = (2, 64, 8)  # ws_sm90.cuh: roles, kWsStampItems, kWsStampPoints
 
 
-def _lib():
+# A profiling build's stamp array: the library's reader (its writer adds _set), the array's shape, the build option.
+# Also read by scripts/probe_msa_stamps.py, with the MSA decode kernel's array.
+WS_STAMPS = ("msa_ops_ws_stamps", SHAPE, "MSA_OPS_WS_STAMPS")
+
+
+def _lib(which):
+    symbol, _, option = which
     path = _native.info()["platforms"]["cuda"]["library"]
     lib = ctypes.CDLL(path)
-    if not hasattr(lib, "msa_ops_ws_stamps"):
-        raise SystemExit(f"{path} is not a profiling build (-DMSA_OPS_WS_STAMPS=ON)")
+    if not hasattr(lib, symbol):
+        raise SystemExit(f"{path} is not a profiling build (-D{option}=ON)")
     return lib
 
 
-def reset():
+def reset(which=WS_STAMPS):
     """Zeroes the stamps (a synchronous copy)."""
-    buf = np.zeros(SHAPE, np.int64)
-    rc = _lib().msa_ops_ws_stamps_set(buf.ctypes.data_as(ctypes.c_void_p))
+    symbol, shape, _ = which
+    buf = np.zeros(shape, np.int64)
+    rc = getattr(_lib(which), symbol + "_set")(buf.ctypes.data_as(ctypes.c_void_p))
     if rc != 0:
-        raise SystemExit(f"msa_ops_ws_stamps_set: CUDA error {rc}")
+        raise SystemExit(f"{symbol}_set: CUDA error {rc}")
 
 
-def stamps():
-    """[role][item][point]: role 0 the loader, role 1 the first consumer thread."""
-    buf = np.zeros(SHAPE, np.int64)
-    rc = _lib().msa_ops_ws_stamps(buf.ctypes.data_as(ctypes.c_void_p))
+def stamps(which=WS_STAMPS):
+    """The stamp array; by default the prefill kernel's [role][item][point]: role 0 the loader, role 1 the first
+    consumer thread."""
+    symbol, shape, _ = which
+    buf = np.zeros(shape, np.int64)
+    rc = getattr(_lib(which), symbol)(buf.ctypes.data_as(ctypes.c_void_p))
     if rc != 0:
-        raise SystemExit(f"msa_ops_ws_stamps: CUDA error {rc}")
+        raise SystemExit(f"{symbol}: CUDA error {rc}")
     return buf
 
 
