@@ -342,9 +342,7 @@ def run_dense(rd, rows, rounds, pages):
     for b, l in DENSE_POINTS:
         for page in pages:
             q, k, v, kv, lut = gpu_mha.decode_case(b, l, page, rng)
-            offs = jnp.arange(b + 1, dtype=jnp.int32)
-            cl = jnp.full((b,), l - 1, jnp.int32)
-            qr = q.reshape(b, 32, 128)
+            qr, offs, cl = gpu_mha.step_args(q, l)
 
             def cud(q, k, v):
                 return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
@@ -358,9 +356,10 @@ def run_dense(rd, rows, rounds, pages):
             plan_np = msa_ops.plan("mo.mha.ragged.paged", qr, offs, kv, cl, lut, 0, mask_str="causal").num_partitions
             sweep["ours"] = {}
             for n in sorted({plan_np, *(p for p in (1, 2, 4, 8, 16, 32, 64) if p * b * DENSE_HKV <= 16 * rd.sms)}):
-                sweep["ours"][n] = round(graph_timer(mha_call(n), (qr, kv, lut, offs, cl))() * 1e6, 2)
+                sweep["ours"][n] = round(graph_timer(gpu_mha.mha_call(n), (qr, kv, lut, offs, cl))() * 1e6, 2)
             contig, cbuf = contiguous_timer(rd, nbytes)
-            timers = {"cudnn": graph_timer(cud, (q, k, v)), "ours": graph_timer(mha_call(), (qr, kv, lut, offs, cl)),
+            timers = {"cudnn": graph_timer(cud, (q, k, v)),
+                      "ours": graph_timer(gpu_mha.mha_call(), (qr, kv, lut, offs, cl)),
                       "contiguous": contig, **{kind: tm for kind, (_, tm) in best.items()}}
             got = {n: float(np.median(ts)) for n, ts in bench_rounds(timers, rounds).items()}
             r = {"kind": "dense", "B": b, "L": l, "page": page, "bytes": nbytes, "rounds": rounds,
@@ -428,15 +427,6 @@ def run_msa(rd, rows, rounds, topks):
         rd.cp.get_default_memory_pool().free_all_blocks()
 
 
-def mha_call(npart=0):
-    """Our dense decode call as timed (the row offsets, cache lengths and page table as arguments, as in
-    gpu_mha.py); npart forces the split-K partitions (0: the ladder's)."""
-    def f(qr, kv, lut, offs, cl):
-        return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=npart,
-                                        implementation="native")
-    return f
-
-
 PROBE_VARIANTS = ((0, 0), (1, 0), (2, 0), (3, 0), (3, 128), (3, 256), (3, 512), (3, 1024))
 
 
@@ -484,16 +474,14 @@ def run_lone(rd, rows, rounds):
     # dense
     b, l, page, parts = 4, 65536, 128, 2
     q, k, v, kv, lut = gpu_mha.decode_case(b, l, page, rng)
-    offs = jnp.arange(b + 1, dtype=jnp.int32)
-    cl = jnp.full((b,), l - 1, jnp.int32)
-    qr = q.reshape(b, 32, 128)
+    qr, offs, cl = gpu_mha.step_args(q, l)
 
     lut_np = np.asarray(lut)
     pool = rd.buffer(kv.size * 2)
     kw = dict(b=b, hkv=DENSE_HKV, page=page, rowb=256, parts=parts, np_=lut_np.shape[1] // parts,
               maxp=lut_np.shape[1], topk=0, out=cp.zeros(b * DENSE_HKV * parts, cp.uint32))
     cases.append(("dense 4/64k page 128, 2 partitions", b * DENSE_HKV * parts, 2 * b * l * DENSE_HKV * 128 * 2,
-                  graph_timer(mha_call(parts), (qr, kv, lut, offs, cl)),
+                  graph_timer(gpu_mha.mha_call(parts), (qr, kv, lut, offs, cl)),
                   rd.graph_timer(rd.launch_fn("cp", 3, pool, cp.asarray(lut_np), None, **kw)), (q, k, v, kv, pool)))
     # MSA
     b, hkv, mp, topk = 16, MSA_HKV, 256, 64

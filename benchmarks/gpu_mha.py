@@ -81,23 +81,32 @@ def decode_case(b, l, page, rng, h=32, hkv=8, d=128):
     return q, k, v, kv, lut
 
 
+def step_args(q, l):
+    """For decode_case's q over l keys: our call's query rows, row offsets (one token a sequence) and cache lengths
+    (the new token already in the cache: l keys)."""
+    b, _, h, d = q.shape
+    return q.reshape(b, h, d), jnp.arange(b + 1, dtype=jnp.int32), jnp.full((b,), l - 1, jnp.int32)
+
+
+def mha_call(npart=0):
+    """Our dense decode call as timed. The row offsets and cache lengths enter as arguments, as in a decode step
+    (closed over, XLA turned them into constants rebuilt by small kernels at each run of the timed graph); npart
+    forces the split-K partitions (0: the ladder's)."""
+    def f(qr, kv, lut, offs, cl):
+        return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=npart,
+                                        implementation="native")
+    return f
+
+
 def run_decode(rows, results, rng):
     for (b, l) in [(64, 4096), (16, 16384), (4, 65536), (1, 131072)]:
         for page in (128, 16):
             q, k, v, kv, lut = decode_case(b, l, page, rng)
-            offs = jnp.arange(b + 1, dtype=jnp.int32)
-            cl = jnp.full((b,), l - 1, jnp.int32)  # the new token is already in the cache: l keys
-            qr = q.reshape(b, 32, 128)
-            # The row offsets and cache lengths enter as arguments, as in a decode step (closed over, XLA turned
-            # them into constants rebuilt by small kernels at each run of the timed graph).
-            def ours(qr, kv, lut, offs, cl):
-                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", implementation="native")
+            qr, offs, cl = step_args(q, l)
+            ours = mha_call()
             plan_np = msa_ops.plan("mo.mha.ragged.paged", qr, offs, kv, cl, lut, 0, mask_str="causal").num_partitions
             alt_np = min(32, 2 * plan_np)
-
-            def ours_alt(qr, kv, lut, offs, cl, n=alt_np):
-                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=n,
-                                                implementation="native")
+            ours_alt = mha_call(alt_np)
 
             def cud(q, k, v):
                 return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
@@ -152,12 +161,8 @@ def run_decode_d256(rows, rng, points=((16, 16384), (1, 131072))):
     for b, l in points:
         for page in (128, 16):
             q, k, v, kv, lut = decode_case(b, l, page, rng, h=h, hkv=hkv, d=d)
-            offs = jnp.arange(b + 1, dtype=jnp.int32)
-            cl = jnp.full((b,), l - 1, jnp.int32)
-            qr = q.reshape(b, h, d)
-
-            def ours(qr, kv, lut, offs, cl):
-                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", implementation="native")
+            qr, offs, cl = step_args(q, l)
+            ours = mha_call()
 
             def cud(q, k, v):
                 return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")

@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 import gpu_mha  # noqa: E402
-from gpu_mha import decode_case, rel_err  # noqa: E402
+from gpu_mha import decode_case, mha_call, rel_err, step_args  # noqa: E402
 from harness import bench_in_graph  # noqa: E402
 
 import msa_ops  # noqa: E402
@@ -56,13 +56,8 @@ def main():
         cud = None
         for page in pages:
             q, k, v, kv, lut = decode_case(b, n, page, rng)
-            offs = jnp.arange(b + 1, dtype=jnp.int32)
-            cl = jnp.full((b,), n - 1, jnp.int32)
-            qr = q.reshape(b, 32, 128)
-
-            def ours(qr, kv, lut, offs, cl):  # offsets and lengths as arguments (benchmarks/gpu_mha.py)
-                return msa_ops.mha_ragged_paged(qr, offs, kv, cl, lut, 0, mask_str="causal", num_partitions=npart,
-                                                implementation="native")
+            qr, offs, cl = step_args(q, n)
+            ours = mha_call(npart)
 
             def cudnn(q, k, v):
                 return jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
