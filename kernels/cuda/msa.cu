@@ -173,7 +173,7 @@ __device__ __forceinline__ void wgmma_ss_n8_e4m3(float* d, uint64_t da, uint64_t
 // scripts/probe_msa_stamps.py). The points: 0 start, 1 past the wait for the previous kernel, 2 owner found, 3 Q,
 // slots and page-table row landed, 4 tile list built, 5 first tile landed, 6 last tile done, 7 output stored (the
 // last three in the transposed form, groups of at most 8 heads). Compiled out otherwise.
-constexpr int kMsaStampCtas = 4096, kMsaStampPoints = 8, kMsaStampCols = kMsaStampPoints + 3;
+[[maybe_unused]] constexpr int kMsaStampCtas = 4096, kMsaStampPoints = 8, kMsaStampCols = kMsaStampPoints + 3;
 #if defined(MSA_OPS_MSA_STAMPS)
 __device__ long long g_msa_stamps[kMsaStampCtas][kMsaStampCols];
 __device__ __forceinline__ void msa_stamp(int point) {
@@ -314,9 +314,70 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   // fp8 measured the same (NOTES_msa.md v7).
   constexpr int kPrefetchTiles = 8;
 
-  // ---- compact this partition's slots into tiles: valid id, first occurrence, key range before p.
   const int per = (topk + a.num_partitions - 1) / a.num_partitions;
   const int s_lo = min(topk, part * per), s_hi = min(topk, (part + 1) * per);
+
+  // ---- tile loader: kBN consecutive key slots of one page, K and V, 16-byte chunks.
+  auto load_tile_at = [&](int key0, int page, int stage) {
+    unsigned char* sK = ring + stage * S::kStageBytes;
+    unsigned char* sV = sK + kBN * kRowBytes;
+    const int64_t page_off = static_cast<int64_t>(page) * 2 * kv_half + head_off;
+    constexpr int kRowsPass = kThreads / kChunksRow;  // key rows one pass of the CTA covers
+    // fp8, every key of the tile present (the common case): addresses at a fixed stride, no per-row checks. (The
+    // same form for bf16 measured 12% slower at topk 64 on an H200, benchmarks/NOTES_msa.md; bf16 keeps the loop.)
+    if (sizeof(KV) == 1 && key0 + kBN <= kmax) {
+      const int r = tid / kChunksRow, ch = tid % kChunksRow;
+      const unsigned char* src = kvb + page_off + static_cast<int64_t>((key0 + r) % kBlock) * row_stride + ch * 16;
+      const int64_t pass_bytes = kRowsPass * row_stride;
+#pragma unroll
+      for (int j = 0; j < kBN / kRowsPass; ++j) {
+        const int dst = swz<kRowBytes>(r + j * kRowsPass, ch);
+        cp_async16(smem_addr(sK + dst), src + j * pass_bytes);
+        cp_async16(smem_addr(sV + dst), src + j * pass_bytes + kv_half);
+      }
+      return;
+    }
+    for (int cidx = tid; cidx < kBN * kChunksRow; cidx += kThreads) {
+      const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
+      const int key = key0 + r;
+      const bool ok = key < kmax;
+      const unsigned char* srcK = kvb + page_off + static_cast<int64_t>(key % kBlock) * row_stride + ch * 16;
+      const int dst = swz<kRowBytes>(r, ch);
+      cp_async16(smem_addr(sK + dst), ok ? srcK : kvb, ok);
+      cp_async16(smem_addr(sV + dst), ok ? srcK + kv_half : kvb, ok);
+    }
+  };
+  auto load_tile = [&](int i, int stage) { load_tile_at(sTiles[i], sPages[i], stage); };
+
+  // ---- the first tiles before the compaction: the partition's first slot, if valid and not a repeat of an
+  // earlier partition's slot, gives the first tile (and with 64-key tiles the second, from the same block) exactly
+  // as the compaction below will list them. Every thread decides alike from shared memory, and the copies are in
+  // flight while warp 0 compacts (NOTES_msa v46: the compaction held the first copy back 0.6 us at topk 16, 1.4
+  // at 64). Only where the page-table row is in shared memory (a right guess of the sequence).
+  int n_early = 0;
+  if (s_lo < s_hi && layer_ok && lut_row == sLut) {
+    const int id = sIds[s_lo];
+    const bool in_table = id >= 0 && id < a.max_pages;
+    const int page = in_table ? sLut[id] : -1;
+    bool ok = in_table && static_cast<int64_t>(id) * kBlock < n_keys && static_cast<int64_t>(id) * kBlock <= p &&
+              page >= 0 && page < a.num_blocks;
+    if (s_lo > 0) {  // a repeat of a slot of an earlier partition counts there
+      bool dup = false;
+      for (int j = tid; j < s_lo; j += kThreads) dup |= sIds[j] == id;
+      ok = !__syncthreads_or(dup) && ok;
+    }
+    if (ok) {
+      const int key0 = id * kBlock;
+      const bool second = kBN < kBlock && key0 + kBN <= p && key0 + kBN < kmax;
+      n_early = second && kStages - 1 >= 2 ? 2 : 1;
+      for (int s = 0; s < n_early; ++s) {
+        load_tile_at(key0 + s * kBN, page, s);
+        cp_async_commit();
+      }
+    }
+  }
+
+  // ---- compact this partition's slots into tiles: valid id, first occurrence, key range before p.
   if (warp == 0) {
     int count = 0;
     for (int base = s_lo; base < s_hi; base += 32) {
@@ -366,40 +427,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   msa_stamp(4);
   const int num_tiles = *sCount;
 
-  // ---- tile loader: kBN consecutive key slots of one page, K and V, 16-byte chunks.
-  auto load_tile = [&](int i, int stage) {
-    unsigned char* sK = ring + stage * S::kStageBytes;
-    unsigned char* sV = sK + kBN * kRowBytes;
-    const int key0 = sTiles[i];
-    const int64_t page_off = static_cast<int64_t>(sPages[i]) * 2 * kv_half + head_off;
-    constexpr int kRowsPass = kThreads / kChunksRow;  // key rows one pass of the CTA covers
-    // fp8, every key of the tile present (the common case): addresses at a fixed stride, no per-row checks. (The
-    // same form for bf16 measured 12% slower at topk 64 on an H200, benchmarks/NOTES_msa.md; bf16 keeps the loop.)
-    if (sizeof(KV) == 1 && key0 + kBN <= kmax) {
-      const int r = tid / kChunksRow, ch = tid % kChunksRow;
-      const unsigned char* src = kvb + page_off + static_cast<int64_t>((key0 + r) % kBlock) * row_stride + ch * 16;
-      const int64_t pass_bytes = kRowsPass * row_stride;
-#pragma unroll
-      for (int j = 0; j < kBN / kRowsPass; ++j) {
-        const int dst = swz<kRowBytes>(r + j * kRowsPass, ch);
-        cp_async16(smem_addr(sK + dst), src + j * pass_bytes);
-        cp_async16(smem_addr(sV + dst), src + j * pass_bytes + kv_half);
-      }
-      return;
-    }
-    for (int cidx = tid; cidx < kBN * kChunksRow; cidx += kThreads) {
-      const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
-      const int key = key0 + r;
-      const bool ok = key < kmax;
-      const unsigned char* srcK = kvb + page_off + static_cast<int64_t>(key % kBlock) * row_stride + ch * 16;
-      const int dst = swz<kRowBytes>(r, ch);
-      cp_async16(smem_addr(sK + dst), ok ? srcK : kvb, ok);
-      cp_async16(smem_addr(sV + dst), ok ? srcK + kv_half : kvb, ok);
-    }
-  };
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = n_early; s < kStages - 1; ++s) {  // (the first n_early tiles are in flight, one group each)
     if (s < num_tiles) load_tile(s, s);
     cp_async_commit();
   }
