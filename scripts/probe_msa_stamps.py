@@ -70,6 +70,43 @@ def run(cache, topk, dtype, npart, ghz, rng):
           f"end {q((waited - base) / 1e3, 50):.2f} median, {q((waited - base) / 1e3, 100):.2f} last; ends "
           f"{q((g1 - base) / 1e3, 50):.2f} median, {q((g1 - base) / 1e3, 90):.2f} p90, {q((g1 - base) / 1e3, 100):.2f} "
           f"last (the kernel's span past the wait)")
+    if npart == 1:
+        who_is_slow(args, npart, ghz)
+
+
+def who_is_slow(args, npart, ghz, calls=4):
+    """Whether the CTAs that stream slowest are the same work or the same SMs from call to call: `calls` single
+    calls (the stamps read after each), the streaming time of each CTA (first tile landed to last tile done) ranked
+    within its call; then the correlation of those ranks across calls by CTA (its token, kv head and blocks, which
+    stay) and by SM (which CTA lands where changes between calls). A high CTA correlation puts the spread of the
+    CTAs' ends in the blocks they read, a high SM correlation in where the SM sits."""
+    f = jax.jit(msa_call(npart))
+    by_cta, by_sm = [], []
+    for _ in range(calls):
+        reset(MSA_STAMPS)
+        jax.block_until_ready(f(*args))
+        s = stamps(MSA_STAMPS)
+        done = (s[:, 0] != 0) & (s[:, len(POINTS) - 1] != 0)
+        t = np.where(done, (s[:, 6] - s[:, 5]) / (ghz * 1e3), np.nan)
+        rank = np.full(t.shape, np.nan)
+        rank[done] = np.argsort(np.argsort(t[done])) / max(int(done.sum()) - 1, 1)
+        by_cta.append(rank)
+        sm = np.full(256, np.nan)
+        sm[s[done, -1].astype(int) % 256] = rank[done]  # one CTA an SM at one partition
+        by_sm.append(sm)
+
+    def mean_corr(rows):
+        cs = []
+        for i in range(len(rows)):
+            for j in range(i + 1, len(rows)):
+                ok = ~np.isnan(rows[i]) & ~np.isnan(rows[j])
+                if ok.sum() > 2:
+                    cs.append(float(np.corrcoef(rows[i][ok], rows[j][ok])[0, 1]))
+        return (float(np.mean(cs)), float(np.min(cs)), float(np.max(cs))) if cs else (float("nan"),) * 3
+
+    c, s_ = mean_corr(by_cta), mean_corr(by_sm)
+    print(f"who is slow ({calls} single calls, streaming time ranked in each): rank correlation across calls by CTA "
+          f"{c[0]:.2f} ({c[1]:.2f}..{c[2]:.2f}), by SM {s_[0]:.2f} ({s_[1]:.2f}..{s_[2]:.2f})")
 
 
 def main():
