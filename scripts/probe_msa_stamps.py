@@ -11,7 +11,9 @@ afterwards are the last call's. Prints, over the CTAs, the median and 90th perce
 at --ghz), the per-tile streaming time, and the call's span from the global timer: when the CTAs started, left
 their wait for the previous call, and ended. A reader of the same blocks (benchmarks/gpu_decode_ceiling.py) has
 none of the phases before the first tile but the page-table read, and no epilogue: what of the call those phases
-take is what the start and end of ours cost (NOTES_msa v44: about 5 us a call at topk 16 on an H100).
+take is what the start and end of ours cost (NOTES_msa v44: about 5 us a call at topk 16 on an H100; v46: the
+phases on an H100). At one partition it then ranks the CTAs' streaming times in four single calls and says whether
+the slow ones are the same work (CTA) or the same SMs from call to call (who_is_slow).
 """
 
 import argparse
