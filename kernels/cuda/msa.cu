@@ -349,6 +349,15 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   };
   auto load_tile = [&](int i, int stage) { load_tile_at(sTiles[i], sPages[i], stage); };
 
+  // What the compaction keeps of a slot (repeats aside): an id inside the page table whose block starts before
+  // n_keys and at or before p, on a page inside the pool (page: the entry, -1 for an id outside the table); and
+  // whether a kept block gives a second 64-key tile (its second half holds keys <= p and < kmax).
+  auto block_ok = [&](int id, int page) {
+    const int64_t key0 = static_cast<int64_t>(id) * kBlock;
+    return id >= 0 && id < a.max_pages && key0 < n_keys && key0 <= p && page >= 0 && page < a.num_blocks;
+  };
+  auto second_tile = [&](int key0) { return kBN < kBlock && key0 + kBN <= p && key0 + kBN < kmax; };
+
   // ---- the first tiles before the compaction: the partition's first slot, if valid and not a repeat of an
   // earlier partition's slot, gives the first tile (and with 64-key tiles the second, from the same block) exactly
   // as the compaction below will list them. Every thread decides alike from shared memory, and the copies are in
@@ -357,10 +366,8 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   int n_early = 0;
   if (s_lo < s_hi && layer_ok && lut_row == sLut) {
     const int id = sIds[s_lo];
-    const bool in_table = id >= 0 && id < a.max_pages;
-    const int page = in_table ? sLut[id] : -1;
-    bool ok = in_table && static_cast<int64_t>(id) * kBlock < n_keys && static_cast<int64_t>(id) * kBlock <= p &&
-              page >= 0 && page < a.num_blocks;
+    const int page = id >= 0 && id < a.max_pages ? sLut[id] : -1;
+    bool ok = block_ok(id, page);
     if (s_lo > 0) {  // a repeat of a slot of an earlier partition counts there
       bool dup = false;
       for (int j = tid; j < s_lo; j += kThreads) dup |= sIds[j] == id;
@@ -368,8 +375,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     }
     if (ok) {
       const int key0 = id * kBlock;
-      const bool second = kBN < kBlock && key0 + kBN <= p && key0 + kBN < kmax;
-      n_early = second && kStages - 1 >= 2 ? 2 : 1;
+      n_early = second_tile(key0) && kStages - 1 >= 2 ? 2 : 1;
       for (int s = 0; s < n_early; ++s) {
         load_tile_at(key0 + s * kBN, page, s);
         cp_async_commit();
@@ -388,19 +394,18 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
         id = sIds[slot];
         // The page-table read needs only an id inside the table: issued before the checks against the cache
         // length (whose read may still be in flight) and before the duplicate scan, which run under its latency.
-        const bool in_table = id >= 0 && id < a.max_pages;
-        if (in_table) page = lut_row[id];
-        ok = in_table && static_cast<int64_t>(id) * kBlock < n_keys && static_cast<int64_t>(id) * kBlock <= p;
+        if (id >= 0 && id < a.max_pages) page = lut_row[id];
+        ok = block_ok(id, page);
       }
       // A repeated id counts at its first slot: against the earlier chunks' slots one by one, within this chunk
       // by the lanes holding the same id (slots past s_hi or invalid hold -1 and are never kept).
       bool dup = false;
       for (int j = 0; j < base; ++j) dup |= sIds[j] == id;
       dup |= (__match_any_sync(0xffffffff, id) & ((1u << lane) - 1)) != 0;
-      ok = ok && !dup && page >= 0 && page < a.num_blocks;
+      ok = ok && !dup;
       // Each valid block gives one tile, and with 64-key tiles a second one if it holds keys <= p and < kmax.
       const int key0 = id * kBlock;
-      const bool second = kBN < kBlock && ok && key0 + kBN <= p && key0 + kBN < kmax;
+      const bool second = ok && second_tile(key0);
       const int n_here = (ok ? 1 : 0) + (second ? 1 : 0);
       int pre = n_here;
 #pragma unroll
