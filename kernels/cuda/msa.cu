@@ -37,6 +37,13 @@ constexpr int kBlock = 128;   // keys per selected block (one page)
 constexpr int kWarps = 4;     // they split each tile's keys and merge at the end
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 3;
+// The decode kernel with a loader warp (kProd, groups of at most 8 heads, partitions not merged in a cluster): a
+// fifth warp issues every K/V tile copy, kProdAhead tiles in flight, the next one issued as soon as the oldest
+// lands, into a ring of kProdStages stages that the four compute warps hand back through mbarriers; so the copies
+// no longer wait for the compute warps to finish the tile before (NOTES_msa v47). MSA_OPS_MSA_LOADER_WARP=0 turns
+// it off (read once per process).
+constexpr int kProdStages = 4;
+constexpr int kProdAhead = 2;
 constexpr int kMaxTopk = 256;  // slots one CTA compacts in shared memory (larger topk: reference)
 // Page tables of at most this many entries a sequence (128k keys) are read whole at the CTA's start (4 KB).
 constexpr int kMaxLutRow = 1024;
@@ -138,16 +145,19 @@ __device__ __forceinline__ int swz(int r, int ch) {
   return r * kRowBytes + ((ch ^ (r & 7)) << 4);
 }
 
-template <typename KV>
+template <typename KV, int kRing = kStages>
 struct MsaSmem {
   static constexpr int kRowBytes = KvTraits<KV>::kRowBytes;
   static constexpr int kStageBytes = 2 * KvTraits<KV>::kBN * kRowBytes;  // K + V tile
   static constexpr int kQBytes = 16 * kRowBytes;
-  static constexpr int kListBytes = 5 * kMaxTopk * 4 + 64;  // key0[2*topk], page[2*topk], ids[topk], count
+  // key0[2*topk], page[2*topk], ids[topk], count and the sequence's cache length and layer (64 bytes), then the
+  // loader warp's mbarriers (full and empty per stage, 8 bytes each)
+  static constexpr int kListBytes = 5 * kMaxTopk * 4 + 64 + 2 * kRing * 8;
+  static constexpr int kBarOff = kQBytes + 5 * kMaxTopk * 4 + 64;
   // The page-table row of the sequence the CTA guesses it serves (kMaxLutRow entries; see the kernel's start).
   static constexpr int kLutBytes = kMaxLutRow * 4;
   static constexpr int kMergeBytes = kWarps * (16 * kD + 32) * 4;
-  static constexpr int kMain = kStages * kStageBytes;
+  static constexpr int kMain = kRing * kStageBytes;
   // fp8: the ring starts on a 1024-byte boundary of a 1024-aligned base (the 128-byte swizzle atoms that the
   // sm_90a warpgroup MMA reads K and Q as), hence the padding and the extra 1024 bytes for aligning the base.
   static constexpr int kAlign = sizeof(KV) == 1 ? 1024 : 1;
@@ -195,14 +205,45 @@ __device__ __forceinline__ void msa_stamp(int point) {
 __device__ __forceinline__ void msa_stamp(int) {}
 #endif
 
+// The loader warp's hand-overs (mbarriers: compute capability 8.0+).
+__device__ __forceinline__ void ring_bar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ring_bar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void ring_bar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred p;\nRING_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra RING_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else  // sm_80..sm_89 (a build for them): the test form, polled
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+#endif
+}
+
 // kT: the transposed form for groups of at most 8 heads (one row block).
 // kCluster (with kT only): the launch groups each token's split-K partitions into one cluster along z, and they
 // merge here (cluster_merge) instead of in split_k_combine_kernel.
-template <typename KV, bool kT, bool kCluster = false>
-__global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a) {
+// kProd (with kT, not kCluster): a fifth warp loads the K/V tiles (kProdStages, kProdAhead above).
+template <typename KV, bool kT, bool kCluster = false, bool kProd = false>
+__global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attention_kernel(const MsaArgs a) {
+  static_assert(!kProd || (kT && !kCluster), "the loader warp serves the transposed, unclustered kernel");
   using T = KvTraits<KV>;
   using PvMma = Mma<typename T::Pv>;
-  using S = MsaSmem<KV>;
+  constexpr int kRing = kProd ? kProdStages : kStages;  // ring stages
+  constexpr int kCta = kProd ? kThreads + 32 : kThreads;  // threads (the loader warp is warp kWarps)
+  using S = MsaSmem<KV, kRing>;
   constexpr int kBN = T::kBN;
   constexpr int kRowBytes = T::kRowBytes;
   constexpr int kChunksRow = kRowBytes / 16;  // 16 (bf16) or 8 (fp8)
@@ -246,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   // swizzled, and the token's slots. Both depend on the token and head only, so their latency overlaps the owner
   // search and the reads that follow it instead of adding to the CTA's start.
   const int rows = min(16, a.group - g0);
-  for (int cidx = tid; cidx < 16 * kChunksRow; cidx += kThreads) {
+  for (int cidx = tid; cidx < 16 * kChunksRow; cidx += kCta) {
     const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
     const int64_t h = static_cast<int64_t>(hkv) * a.group + g0 + r;
     const unsigned char* src =
@@ -255,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   }
   const int topk = min(a.topk, kMaxTopk);
   const int32_t* ids = a.d_indices + (static_cast<int64_t>(hkv) * a.T + t) * a.topk;
-  for (int i = tid; i < topk; i += kThreads) cp_async4(smem_addr(sIds + i), ids + i);
+  for (int i = tid; i < topk; i += kCta) cp_async4(smem_addr(sIds + i), ids + i);
   // The page-table entries wait for the slots and the slots' sequence for the row offsets: two memory latencies
   // in a row before the first K/V copy. So the CTA guesses its sequence as if each held max_q rows (exact for
   // decode batches), and copies that sequence's whole page-table row (when short enough) and cache length, and
@@ -265,14 +306,23 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   if (b_guess >= 0) {
     const int32_t* row = a.lookup + static_cast<int64_t>(b_guess) * a.max_pages;
     if (lut_whole && (a.max_pages & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
-      for (int i = tid * 4; i < a.max_pages; i += kThreads * 4) cp_async16(smem_addr(sLut + i), row + i);
+      for (int i = tid * 4; i < a.max_pages; i += kCta * 4) cp_async16(smem_addr(sLut + i), row + i);
     } else if (lut_whole) {
-      for (int i = tid; i < a.max_pages; i += kThreads) cp_async4(smem_addr(sLut + i), row + i);
+      for (int i = tid; i < a.max_pages; i += kCta) cp_async4(smem_addr(sLut + i), row + i);
     }
     if (tid == 0) cp_async4(smem_addr(sMeta), a.cache_lengths + b_guess);
     if (tid == 1) cp_async4(smem_addr(sMeta + 1), a.layer_ptr);
   }
   cp_async_commit();
+  // The loader warp's mbarriers: full[s] (the loader's one arrival: stage s has landed), then empty[s] (one
+  // arrival from each compute warp: stage s is free again); the barrier after Q lands orders their set-up.
+  const uint32_t sFull = smem_addr(smem + S::kBarOff), sEmpty = sFull + 8 * kRing;
+  if (kProd && tid == kThreads) {
+    for (int st = 0; st < kRing; ++st) {
+      ring_bar_init(sFull + 8 * st, 1);
+      ring_bar_init(sEmpty + 8 * st, kWarps);
+    }
+  }
 
   int64_t e0 = 0, e1 = 0;
   const int b = owner_of(a, t, &e0, &e1);
@@ -281,7 +331,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     cp_async_wait<0>();  // no copy outlives the CTA
     if (a.num_partitions <= 1 || (kCluster && part == 0)) {
       __nv_bfloat16* dst = a.out + (static_cast<int64_t>(t) * a.H + static_cast<int64_t>(hkv) * a.group + g0) * kD;
-      for (int i = tid; i < rows * kD / 8; i += kThreads) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
+      for (int i = tid; i < rows * kD / 8; i += kCta) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
     }
     return;
   }
@@ -317,16 +367,19 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   const int per = (topk + a.num_partitions - 1) / a.num_partitions;
   const int s_lo = min(topk, part * per), s_hi = min(topk, (part + 1) * per);
 
-  // ---- tile loader: kBN consecutive key slots of one page, K and V, 16-byte chunks.
+  // ---- tile loader: kBN consecutive key slots of one page, K and V, 16-byte chunks; by every thread, or by the
+  // loader warp alone (kProd).
+  constexpr int kLoaders = kProd ? 32 : kThreads;
+  const int me = kProd ? lane : tid;
   auto load_tile_at = [&](int key0, int page, int stage) {
     unsigned char* sK = ring + stage * S::kStageBytes;
     unsigned char* sV = sK + kBN * kRowBytes;
     const int64_t page_off = static_cast<int64_t>(page) * 2 * kv_half + head_off;
-    constexpr int kRowsPass = kThreads / kChunksRow;  // key rows one pass of the CTA covers
+    constexpr int kRowsPass = kLoaders / kChunksRow;  // key rows one pass of the loaders covers
     // fp8, every key of the tile present (the common case): addresses at a fixed stride, no per-row checks. (The
     // same form for bf16 measured 12% slower at topk 64 on an H200, benchmarks/NOTES_msa.md; bf16 keeps the loop.)
     if (sizeof(KV) == 1 && key0 + kBN <= kmax) {
-      const int r = tid / kChunksRow, ch = tid % kChunksRow;
+      const int r = me / kChunksRow, ch = me % kChunksRow;
       const unsigned char* src = kvb + page_off + static_cast<int64_t>((key0 + r) % kBlock) * row_stride + ch * 16;
       const int64_t pass_bytes = kRowsPass * row_stride;
 #pragma unroll
@@ -337,7 +390,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       }
       return;
     }
-    for (int cidx = tid; cidx < kBN * kChunksRow; cidx += kThreads) {
+    for (int cidx = me; cidx < kBN * kChunksRow; cidx += kLoaders) {
       const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
       const int key = key0 + r;
       const bool ok = key < kmax;
@@ -363,19 +416,23 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   // as the compaction below will list them. Every thread decides alike from shared memory, and the copies are in
   // flight while warp 0 compacts (NOTES_msa v46: the compaction held the first copy back 0.6 us at topk 16, 1.4
   // at 64). Only where the page-table row is in shared memory (a right guess of the sequence).
+  // With the loader warp (kProd), the loader warp alone decides and loads, and compacts after.
+  constexpr int kEarlyMax = kProd ? kProdAhead : kStages - 1;
+  const int compactor = kProd ? kWarps : 0;  // the warp that compacts
   int n_early = 0;
-  if (s_lo < s_hi && layer_ok && lut_row == sLut) {
+  if (s_lo < s_hi && layer_ok && lut_row == sLut && (!kProd || warp == compactor)) {
     const int id = sIds[s_lo];
     const int page = id >= 0 && id < a.max_pages ? sLut[id] : -1;
     bool ok = block_ok(id, page);
     if (s_lo > 0) {  // a repeat of a slot of an earlier partition counts there
       bool dup = false;
-      for (int j = tid; j < s_lo; j += kThreads) dup |= sIds[j] == id;
-      ok = !__syncthreads_or(dup) && ok;
+      for (int j = me; j < s_lo; j += kLoaders) dup |= sIds[j] == id;
+      if constexpr (kProd) ok = !__any_sync(0xffffffff, dup) && ok;
+      else ok = !__syncthreads_or(dup) && ok;
     }
     if (ok) {
       const int key0 = id * kBlock;
-      n_early = second_tile(key0) && kStages - 1 >= 2 ? 2 : 1;
+      n_early = second_tile(key0) && kEarlyMax >= 2 ? 2 : 1;
       for (int s = 0; s < n_early; ++s) {
         load_tile_at(key0 + s * kBN, page, s);
         cp_async_commit();
@@ -384,7 +441,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   }
 
   // ---- compact this partition's slots into tiles: valid id, first occurrence, key range before p.
-  if (warp == 0) {
+  if (warp == compactor) {
     int count = 0;
     for (int base = s_lo; base < s_hi; base += 32) {
       const int slot = base + lane;
@@ -417,7 +474,7 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
       if (ok) {
         sTiles[at] = key0;
         sPages[at] = page;
-        if (at < kStages + kPrefetchTiles) prefetch_l2(kvb + static_cast<int64_t>(page) * 2 * kv_half + head_off);
+        if (at < kRing + kPrefetchTiles) prefetch_l2(kvb + static_cast<int64_t>(page) * 2 * kv_half + head_off);
       }
       if (second) {
         sTiles[at + 1] = key0 + kBN;
@@ -432,14 +489,46 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
   msa_stamp(4);
   const int num_tiles = *sCount;
 
-  for (int s = n_early; s < kStages - 1; ++s) {  // (the first n_early tiles are in flight, one group each)
+  for (int s = n_early; s < kStages - 1 && !kProd; ++s) {  // (the first n_early tiles are in flight, one group each)
     if (s < num_tiles) load_tile(s, s);
     cp_async_commit();
   }
+  // The loader warp (kProd): tile i goes into stage i % kRing once the compute warps have handed that stage back
+  // (tile i - kRing done); kProdAhead tiles in flight, the next issued as soon as the oldest has landed, which it
+  // then hands to the compute warps (full). Each tile is its own commit group, the early ones included.
+  auto run_loader = [&]() {
+    int issued = n_early, landed = 0;
+    while (landed < num_tiles) {
+      if (issued < num_tiles && issued - landed < kProdAhead) {
+        const int st = issued % kRing;
+        if (issued >= kRing) ring_bar_wait(sEmpty + 8 * st, (issued / kRing - 1) & 1);
+        load_tile(issued, st);
+        cp_async_commit();
+        if (lane == 0 && issued + kPrefetchTiles < num_tiles)
+          prefetch_l2(kvb + static_cast<int64_t>(sPages[issued + kPrefetchTiles]) * 2 * kv_half + head_off);
+        ++issued;
+        continue;
+      }
+      static_assert(kProdAhead == 2, "the waits below count at most two tiles in flight");
+      if (issued - landed >= 2) cp_async_wait<1>();
+      else cp_async_wait<0>();
+#if defined(MSA_OPS_SM90_WGMMA)
+      if constexpr (kWg) fence_proxy_async();  // the landed copies, before the warpgroup MMA reads them
+#endif
+      __syncwarp();
+      if (lane == 0) ring_bar_arrive(sFull + 8 * (landed % kRing));
+      ++landed;
+    }
+  };
   // Both paths below start tile `it` alike: wait for tile `it`, then issue the load kStages-1 tiles ahead (and
   // the prefetch of the tile kPrefetchTiles past that) into the stage of tile it - 1, which every warp has left
-  // once past the barrier here: one barrier per tile. Returns where the tile's K lies in the ring.
+  // once past the barrier here: one barrier per tile. Returns where the tile's K lies in the ring. With the
+  // loader warp: wait until the loader hands tile `it` over.
   auto await_tile = [&](int it) {
+    if constexpr (kProd) {
+      ring_bar_wait(sFull + 8 * (it % kRing), (it / kRing) & 1);
+      return ring + (it % kRing) * S::kStageBytes;
+    }
     cp_async_wait<kStages - 2>();
 #if defined(MSA_OPS_SM90_WGMMA)
     if constexpr (kWg) fence_proxy_async();  // this thread's copies, before the warpgroup MMA reads the tile
@@ -483,7 +572,9 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-    for (int it = 0; it < num_tiles; ++it) {
+    const bool loader = kProd && warp == kWarps;
+    if (loader) run_loader();
+    for (int it = 0; it < (loader ? 0 : num_tiles); ++it) {
       const unsigned char* sK = await_tile(it);
       if (it == 0) msa_stamp(5);
       const unsigned char* sV = sK + kBN * kRowBytes;
@@ -570,6 +661,10 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
           }
         }
       }
+      if constexpr (kProd) {  // this warp is done with the stage (its reads are in registers by now)
+        __syncwarp();
+        if (lane == 0) ring_bar_arrive(sEmpty + 8 * (it % kRing));
+      }
     }
     cp_async_wait<0>();
     msa_stamp(6);
@@ -581,10 +676,10 @@ __global__ void __launch_bounds__(kThreads) msa_attention_kernel(const MsaArgs a
     constexpr int MS = kD + 4;  // padded rows: conflict-free stores
     float* mo = reinterpret_cast<float*>(ring);  // [warps][8][MS]
     float* ml = mo + kWarps * 8 * MS;           // [warps][8][2] (m, l)
-    stash_rows_t<8, MS>(mo, ml, warp, lane, o, m_run, l_run, dim_of);
+    if (!loader) stash_rows_t<8, MS>(mo, ml, warp, lane, o, m_run, l_run, dim_of);
     __syncthreads();
     const int r = tid / 16, d0 = (tid % 16) * 8;
-    const bool live = r < rows;
+    const bool live = r < rows;  // (false for the loader warp: rows <= 8)
     if (!live && !kCluster) return;  // (every thread of a cluster reaches its barriers)
     float mt, lt, f[kWarps];
     merge_weights<kWarps>(ml, 8, r, &mt, &lt, f);
@@ -801,6 +896,15 @@ bool make_msa_q_map(const MsaArgs& m, CUtensorMap* qmap) {
                           qmap);
 }
 
+// Whether the decode launch takes the loader-warp kernel (kProd): MSA_OPS_MSA_LOADER_WARP is not 0 (read once).
+bool loader_warp_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("MSA_OPS_MSA_LOADER_WARP");
+    return env == nullptr || env[0] != '0';
+  }();
+  return on;
+}
+
 template <typename KV>
 Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   using S = MsaSmem<KV>;
@@ -843,7 +947,13 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       clustered = launch_cluster_merge(msa_attention_kernel<KV, true, true>, m.num_partitions, grid, S::kBytesTotal,
                                        stream, /*waits=*/true, m);
     if (clustered) note_launch(kLaunchMsaDecodeCluster);
-    if (!clustered) {
+    if (!clustered && m.group <= 8 && loader_warp_enabled()) {
+      using SP = MsaSmem<KV, kProdStages>;
+      auto kernel = msa_attention_kernel<KV, true, false, true>;
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SP::kBytesTotal);
+      note_launch(kLaunchMsaDecode);
+      launch_pdl(kernel, grid, dim3(kThreads + 32), SP::kBytesTotal, stream, m);
+    } else if (!clustered) {
       auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
       note_launch(kLaunchMsaDecode);
