@@ -1233,6 +1233,56 @@ def test_cuda_msa_matches_oracle(dtype, scenario, group, topk, np_):
     assert_close(got, want, budget_for(dtype))
 
 
+def test_cuda_msa_loader_warp_same_bits():
+    """The MSA decode kernel with its loader warp (the default) and without it (MSA_OPS_MSA_LOADER_WARP=0, read once
+    per process: one process each) give the same output bit for bit, and the float64 oracle's: decode at one
+    partition, at three (the combine kernel) and at two (the cluster form, which has no loader warp), bf16 and
+    fp8, with -1, duplicate and out-of-range ids. Each process also reports whether the loader-warp kernel served
+    each call."""
+    import os
+    import subprocess
+    import sys
+
+    code = r'''
+import hashlib, sys
+sys.path.insert(0, sys.argv[1])
+import jax, jax.numpy as jnp, numpy as np, msa_ops, oracle
+from msa_ops import _native
+from conftest import assert_close, budget_for, make_batch, make_paged_cache, rand
+for dt in (jnp.bfloat16, jnp.float8_e4m3fn):
+    for group, topk, np_ in ((4, 16, 0), (8, 5, 3), (2, 64, 2)):
+        rng = np.random.default_rng(group * 100 + topk)
+        batch = make_batch(rng, "decode", s_max=640)
+        cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=128, max_pages=5,
+                                 n_kv_heads=2, head_dim=128, dtype=dt)
+        q = rand(rng, (batch.T, 2 * group, 128), dt)
+        ids = rng.integers(-2, 7, (2, batch.T, topk)).astype(np.int32)
+        ids[:, :, 1] = ids[:, :, 0]
+        args = (q, batch.offsets, None, cache.kv_blocks, batch.cache_lengths, cache.lut, 1, ids)
+        f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_, implementation="native"),
+                    static_argnums=2)
+        before = _native.launch_counts()
+        got = np.asarray(f(*args))
+        after = _native.launch_counts()
+        assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(dt))
+        loader = after["msa_decode_loader"] > before["msa_decode_loader"]
+        print("CASE", jnp.dtype(dt).name, group, topk, np_, "loader" if loader else "no-loader",
+              hashlib.sha256(got.view(np.uint16).tobytes()).hexdigest())
+'''
+    here = os.path.dirname(os.path.abspath(__file__))
+    runs = {}
+    for setting in ("1", "0"):
+        env = dict(os.environ, MSA_OPS_MSA_LOADER_WARP=setting)
+        r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, (setting, r.stderr[-3000:])
+        runs[setting] = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("CASE")]
+        assert len(runs[setting]) == 6, r.stdout
+    for on, off in zip(runs["1"], runs["0"]):
+        np_ = int(on[4])
+        assert on[5] == ("no-loader" if np_ == 2 else "loader") and off[5] == "no-loader", (on, off)
+        assert on[6] == off[6], f"outputs differ with and without the loader warp: {on[1:5]}"
+
+
 def test_cuda_msa_bad_values_and_cpu_agreement():
     rng = np.random.default_rng(9)
     batch, cache, q, ids = _msa_case(rng, "mixed", 4, 8, jnp.bfloat16)

@@ -952,6 +952,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       auto kernel = msa_attention_kernel<KV, true, false, true>;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SP::kBytesTotal);
       note_launch(kLaunchMsaDecode);
+      note_launch(kLaunchMsaDecodeLoader);
       launch_pdl(kernel, grid, dim3(kThreads + 32), SP::kBytesTotal, stream, m);
     } else if (!clustered) {
       auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
