@@ -12,8 +12,9 @@ at --ghz), the per-tile streaming time, and the call's span from the global time
 their wait for the previous call, and ended. A reader of the same blocks (benchmarks/gpu_decode_ceiling.py) has
 none of the phases before the first tile but the page-table read, and no epilogue: what of the call those phases
 take is what the start and end of ours cost (NOTES_msa v44: about 5 us a call at topk 16 on an H100; v46: the
-phases on an H100). At one partition it then ranks the CTAs' streaming times in four single calls and says whether
-the slow ones are the same work (CTA) or the same SMs from call to call (who_is_slow).
+phases on an H100). At one partition it then ranks the CTAs' streaming times in four single calls, the sequences
+permuted between them, and says whether the slow ones are the same work, CTAs or SMs from call to call
+(who_is_slow; v47: without the permutation a CTA kept its work and its SM, and the two read alike).
 """
 
 import argparse
@@ -76,23 +77,35 @@ def run(cache, topk, dtype, npart, ghz, rng):
         who_is_slow(args, npart, ghz)
 
 
-def who_is_slow(args, npart, ghz, calls=4):
-    """Whether the CTAs that stream slowest are the same work or the same SMs from call to call: `calls` single
-    calls (the stamps read after each), the streaming time of each CTA (first tile landed to last tile done) ranked
-    within its call; then the correlation of those ranks across calls by CTA (its token, kv head and blocks, which
-    stay) and by SM (which CTA lands where changes between calls). A high CTA correlation puts the spread of the
-    CTAs' ends in the blocks they read, a high SM correlation in where the SM sits."""
+def who_is_slow(args, npart, ghz, calls=4, seed=1):
+    """Whether the CTAs that stream slowest are the same work, the same CTAs or the same SMs from call to call:
+    `calls` single calls (the stamps read after each), the streaming time of each CTA (first tile landed to last
+    tile done) ranked within its call; the sequences are permuted between calls (their q rows, slots and
+    page-table rows together, so a sequence's blocks keep their pages and heads), which moves each piece of work
+    to another CTA while a CTA tends to land on the same SM. Then the correlation of those ranks across calls by
+    work (the sequence and kv head), by CTA and by SM. A high correlation by work puts the spread of the CTAs' ends
+    in the blocks read; by SM (and CTA) with a low one by work, in where the CTA runs."""
+    qq, kv, ids, offs, cl, lut = args
+    nseq = qq.shape[0]
     f = jax.jit(msa_call(npart))
-    by_cta, by_sm = [], []
-    for _ in range(calls):
+    rng = np.random.default_rng(seed)
+    by_work, by_cta, by_sm = [], [], []
+    for c in range(calls):
+        perm = np.arange(nseq) if c == 0 else rng.permutation(nseq)  # CTA row t serves sequence perm[t]
+        call_args = (qq[perm], kv, ids[:, perm, :], offs, cl[perm], lut[perm])
         reset(MSA_STAMPS)
-        jax.block_until_ready(f(*args))
+        jax.block_until_ready(f(*call_args))
         s = stamps(MSA_STAMPS)
         done = (s[:, 0] != 0) & (s[:, len(POINTS) - 1] != 0)
         t = np.where(done, (s[:, 6] - s[:, 5]) / (ghz * 1e3), np.nan)
         rank = np.full(t.shape, np.nan)
         rank[done] = np.argsort(np.argsort(t[done])) / max(int(done.sum()) - 1, 1)
         by_cta.append(rank)
+        # stamp row = t + nseq * hkv (one row block, one partition): its work is sequence perm[t] of head hkv
+        rows = np.nonzero(done)[0]
+        work = np.full(t.shape, np.nan)
+        work[perm[rows % nseq] + nseq * (rows // nseq)] = rank[rows]
+        by_work.append(work)
         sm = np.full(256, np.nan)
         sm[s[done, -1].astype(int) % 256] = rank[done]  # one CTA an SM at one partition
         by_sm.append(sm)
@@ -106,9 +119,10 @@ def who_is_slow(args, npart, ghz, calls=4):
                     cs.append(float(np.corrcoef(rows[i][ok], rows[j][ok])[0, 1]))
         return (float(np.mean(cs)), float(np.min(cs)), float(np.max(cs))) if cs else (float("nan"),) * 3
 
-    c, s_ = mean_corr(by_cta), mean_corr(by_sm)
-    print(f"who is slow ({calls} single calls, streaming time ranked in each): rank correlation across calls by CTA "
-          f"{c[0]:.2f} ({c[1]:.2f}..{c[2]:.2f}), by SM {s_[0]:.2f} ({s_[1]:.2f}..{s_[2]:.2f})")
+    w, c_, s_ = mean_corr(by_work), mean_corr(by_cta), mean_corr(by_sm)
+    print(f"who is slow ({calls} single calls, sequences permuted between them, streaming time ranked in each): "
+          f"rank correlation across calls by work {w[0]:.2f} ({w[1]:.2f}..{w[2]:.2f}), by CTA {c_[0]:.2f} "
+          f"({c_[1]:.2f}..{c_[2]:.2f}), by SM {s_[0]:.2f} ({s_[1]:.2f}..{s_[2]:.2f})")
 
 
 def main():
