@@ -1234,11 +1234,12 @@ def test_cuda_msa_matches_oracle(dtype, scenario, group, topk, np_):
 
 
 def test_cuda_msa_loader_warp_same_bits():
-    """The MSA decode kernel with its loader warp (the default) and without it (MSA_OPS_MSA_LOADER_WARP=0, read once
-    per process: one process each) give the same output bit for bit, and the float64 oracle's: decode at one
-    partition, at three (the combine kernel) and at two (the cluster form, which has no loader warp), bf16 and
-    fp8, with -1, duplicate and out-of-range ids. Each process also reports whether the loader-warp kernel served
-    each call."""
+    """The MSA decode kernel with its loader warp and without it (MSA_OPS_MSA_LOADER_WARP=0, read once per process:
+    one process each) give the same output bit for bit, the same in three repeats of a call, and the float64
+    oracle's. Decode batches (one row a sequence; one case with a padding row and the hint), 30-40 pages a sequence
+    and topk up to 64 (the ring of four stages wraps several times), -1 / duplicate / out-of-range ids, bf16 and
+    fp8, one, two (the cluster form, which has no loader warp) and three partitions; the loader-warp kernel serves
+    a call where its grid fits the GPU's SMs (one CTA an SM), and one case has more CTAs than SMs."""
     import os
     import subprocess
     import sys
@@ -1248,39 +1249,51 @@ import hashlib, sys
 sys.path.insert(0, sys.argv[1])
 import jax, jax.numpy as jnp, numpy as np, msa_ops, oracle
 from msa_ops import _native
-from conftest import assert_close, budget_for, make_batch, make_paged_cache, rand
+from conftest import RaggedBatch, assert_close, budget_for, make_paged_cache, rand
+sms = jax.devices()[0].core_count
+hkv = 2
 for dt in (jnp.bfloat16, jnp.float8_e4m3fn):
-    for group, topk, np_ in ((4, 16, 0), (8, 5, 3), (2, 64, 2)):
-        rng = np.random.default_rng(group * 100 + topk)
-        batch = make_batch(rng, "decode", s_max=640)
-        cache = make_paged_cache(rng, [c + n for c, n in zip(batch.cache, batch.n)], page_size=128, max_pages=5,
-                                 n_kv_heads=2, head_dim=128, dtype=dt)
-        q = rand(rng, (batch.T, 2 * group, 128), dt)
-        ids = rng.integers(-2, 7, (2, batch.T, topk)).astype(np.int32)
+    # (group, topk, partitions, sequences, padding rows, pages a sequence)
+    for group, topk, np_, b, pad, mp in ((4, 32, 1, 8, 0, 40), (8, 40, 3, 6, 0, 40), (2, 64, 2, 8, 0, 40),
+                                         (1, 24, 1, 7, 1, 36), (8, 16, 1, 80, 0, 4)):
+        rng = np.random.default_rng(group * 1000 + topk + b)
+        cache = [int(x) for x in rng.integers(128 * max(mp - 6, mp // 2), 128 * mp - 1, b)]
+        batch = RaggedBatch([1] * b, cache, b + pad)
+        pc = make_paged_cache(rng, [c + 1 for c in cache], page_size=128, max_pages=mp, n_kv_heads=hkv,
+                              head_dim=128, dtype=dt)
+        q = rand(rng, (batch.T, hkv * group, 128), dt)
+        ids = rng.integers(-2, mp + 3, (hkv, batch.T, topk)).astype(np.int32)
         ids[:, :, 1] = ids[:, :, 0]
-        args = (q, batch.offsets, None, cache.kv_blocks, batch.cache_lengths, cache.lut, 1, ids)
-        f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_, implementation="native"),
-                    static_argnums=2)
+        args = (q, batch.offsets, None, pc.kv_blocks, batch.cache_lengths, pc.lut, 1, ids)
+        kw = {"max_prompt_length": 1} if pad else {}
+        f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_, implementation="native",
+                                                                  **kw), static_argnums=2)
         before = _native.launch_counts()
-        got = np.asarray(f(*args))
+        outs = [np.asarray(f(*args)) for _ in range(3)]
         after = _native.launch_counts()
-        assert_close(got, oracle.msa_attention_ragged_paged(*args), budget_for(dt))
-        loader = after["msa_decode_loader"] > before["msa_decode_loader"]
-        print("CASE", jnp.dtype(dt).name, group, topk, np_, "loader" if loader else "no-loader",
-              hashlib.sha256(got.view(np.uint16).tobytes()).hexdigest())
+        assert all(np.array_equal(o.view(np.uint16), outs[0].view(np.uint16)) for o in outs), "repeats differ"
+        assert_close(outs[0], oracle.msa_attention_ragged_paged(*args), budget_for(dt))
+        grew = [k for k in ("msa_decode_loader", "msa_decode_cluster") if after[k] > before[k]]
+        fits = batch.T * hkv * np_ <= sms
+        print("CASE", jnp.dtype(dt).name, group, topk, np_, b, "+".join(grew) or "-", "fits" if fits else "over",
+              hashlib.sha256(outs[0].view(np.uint16).tobytes()).hexdigest())
 '''
     here = os.path.dirname(os.path.abspath(__file__))
     runs = {}
     for setting in ("1", "0"):
-        env = dict(os.environ, MSA_OPS_MSA_LOADER_WARP=setting)
-        r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, env=env)
+        env = dict(os.environ, MSA_OPS_MSA_LOADER_WARP=setting, MSA_OPS_CLUSTER_MERGE="1")
+        r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, (setting, r.stderr[-3000:])
         runs[setting] = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("CASE")]
-        assert len(runs[setting]) == 6, r.stdout
+        assert len(runs[setting]) == 10, r.stdout
     for on, off in zip(runs["1"], runs["0"]):
-        np_ = int(on[4])
-        assert on[5] == ("no-loader" if np_ == 2 else "loader") and off[5] == "no-loader", (on, off)
-        assert on[6] == off[6], f"outputs differ with and without the loader warp: {on[1:5]}"
+        assert on[:6] == off[:6], (on, off)
+        clustered = "msa_decode_cluster" in on[6]
+        assert clustered == ("msa_decode_cluster" in off[6]), (on, off)
+        want = "msa_decode_loader" if on[7] == "fits" and not clustered else None
+        assert ("msa_decode_loader" in on[6].split("+")) == (want is not None), (on, off)
+        assert "msa_decode_loader" not in off[6], (on, off)
+        assert on[8] == off[8], f"outputs differ with and without the loader warp: {on[1:6]}"
 
 
 def test_cuda_msa_bad_values_and_cpu_agreement():

@@ -359,7 +359,8 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
   const int64_t head_off = static_cast<int64_t>(layer) * kBlock * row_stride + static_cast<int64_t>(hkv) * kRowBytes;
   // The selected blocks lie anywhere in the pool. One line of each block's K is prefetched into L2 ahead of its
   // copies, so that the translation of its address is done before they are issued: for the first tiles while
-  // warp 0 compacts the slots, for the others kPrefetchTiles tiles ahead of the tile being loaded (await_tile).
+  // the slots are compacted, for the others kPrefetchTiles tiles ahead of the tile being loaded (await_tile, or
+  // the loader warp's loop).
   // On H200s at topk 64 this took bf16 from 142 to 137-140 us on some machines and changed nothing on others;
   // fp8 measured the same (NOTES_msa.md v7).
   constexpr int kPrefetchTiles = 8;
@@ -896,7 +897,7 @@ bool make_msa_q_map(const MsaArgs& m, CUtensorMap* qmap) {
                           qmap);
 }
 
-// Whether the decode launch takes the loader-warp kernel (kProd): MSA_OPS_MSA_LOADER_WARP is not 0 (read once).
+// Whether the decode launch may take the loader-warp kernel (kProd): MSA_OPS_MSA_LOADER_WARP is not 0 (read once).
 bool loader_warp_enabled() {
   static const bool on = [] {
     const char* env = std::getenv("MSA_OPS_MSA_LOADER_WARP");
@@ -947,7 +948,10 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       clustered = launch_cluster_merge(msa_attention_kernel<KV, true, true>, m.num_partitions, grid, S::kBytesTotal,
                                        stream, /*waits=*/true, m);
     if (clustered) note_launch(kLaunchMsaDecodeCluster);
-    if (!clustered && m.group <= 8 && loader_warp_enabled()) {
+    // The loader-warp kernel takes one SM a CTA (145 KB of shared memory, where the kernel without it fits two):
+    // taken where its grid fits the SMs in one wave, as at the benchmark's decode shape where it was measured.
+    if (!clustered && m.group <= 8 && loader_warp_enabled() &&
+        static_cast<int64_t>(grid.x) * grid.y * grid.z <= device_sm_count()) {
       using SP = MsaSmem<KV, kProdStages>;
       auto kernel = msa_attention_kernel<KV, true, false, true>;
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SP::kBytesTotal);
