@@ -757,6 +757,34 @@ inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, size_t sm
   return cfg;
 }
 
+// mbarriers in shared memory (compute capability 8.0+): set-up (count arrivals a phase), one arrival, and the
+// wait for the phase of the given parity to complete (polled with the test form before 9.0).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+#endif
+}
+
 // Programmatic dependent launch (compute capability 9.0+). A kernel launched with pdl_attr() may start while the
 // kernel before it in the stream is still running, once every CTA of that one has called pdl_trigger() (or
 // exited); it must call pdl_wait(), which returns when that kernel has completed and its writes are visible,

@@ -205,33 +205,6 @@ __device__ __forceinline__ void msa_stamp(int point) {
 __device__ __forceinline__ void msa_stamp(int) {}
 #endif
 
-// The loader warp's hand-overs (mbarriers: compute capability 8.0+).
-__device__ __forceinline__ void ring_bar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void ring_bar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void ring_bar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred p;\nRING_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra RING_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#else  // sm_80..sm_89 (a build for them): the test form, polled
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-#endif
-}
-
 // kT: the transposed form for groups of at most 8 heads (one row block).
 // kCluster (with kT only): the launch groups each token's split-K partitions into one cluster along z, and they
 // merge here (cluster_merge) instead of in split_k_combine_kernel.
@@ -319,8 +292,8 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
   const uint32_t sFull = smem_addr(smem + S::kBarOff), sEmpty = sFull + 8 * kRing;
   if (kProd && tid == kThreads) {
     for (int st = 0; st < kRing; ++st) {
-      ring_bar_init(sFull + 8 * st, 1);
-      ring_bar_init(sEmpty + 8 * st, kWarps);
+      mbar_init(sFull + 8 * st, 1);
+      mbar_init(sEmpty + 8 * st, kWarps);
     }
   }
 
@@ -364,6 +337,7 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
   // On H200s at topk 64 this took bf16 from 142 to 137-140 us on some machines and changed nothing on others;
   // fp8 measured the same (NOTES_msa.md v7).
   constexpr int kPrefetchTiles = 8;
+  auto prefetch_block = [&](int page) { prefetch_l2(kvb + static_cast<int64_t>(page) * 2 * kv_half + head_off); };
 
   const int per = (topk + a.num_partitions - 1) / a.num_partitions;
   const int s_lo = min(topk, part * per), s_hi = min(topk, (part + 1) * per);
@@ -475,7 +449,7 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
       if (ok) {
         sTiles[at] = key0;
         sPages[at] = page;
-        if (at < kRing + kPrefetchTiles) prefetch_l2(kvb + static_cast<int64_t>(page) * 2 * kv_half + head_off);
+        if (at < kRing + kPrefetchTiles) prefetch_block(page);
       }
       if (second) {
         sTiles[at + 1] = key0 + kBN;
@@ -502,11 +476,10 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
     while (landed < num_tiles) {
       if (issued < num_tiles && issued - landed < kProdAhead) {
         const int st = issued % kRing;
-        if (issued >= kRing) ring_bar_wait(sEmpty + 8 * st, (issued / kRing - 1) & 1);
+        if (issued >= kRing) mbar_wait(sEmpty + 8 * st, (issued / kRing - 1) & 1);
         load_tile(issued, st);
         cp_async_commit();
-        if (lane == 0 && issued + kPrefetchTiles < num_tiles)
-          prefetch_l2(kvb + static_cast<int64_t>(sPages[issued + kPrefetchTiles]) * 2 * kv_half + head_off);
+        if (lane == 0 && issued + kPrefetchTiles < num_tiles) prefetch_block(sPages[issued + kPrefetchTiles]);
         ++issued;
         continue;
       }
@@ -517,7 +490,7 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
       if constexpr (kWg) fence_proxy_async();  // the landed copies, before the warpgroup MMA reads them
 #endif
       __syncwarp();
-      if (lane == 0) ring_bar_arrive(sFull + 8 * (landed % kRing));
+      if (lane == 0) mbar_arrive(sFull + 8 * (landed % kRing));
       ++landed;
     }
   };
@@ -527,7 +500,7 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
   // loader warp: wait until the loader hands tile `it` over.
   auto await_tile = [&](int it) {
     if constexpr (kProd) {
-      ring_bar_wait(sFull + 8 * (it % kRing), (it / kRing) & 1);
+      mbar_wait(sFull + 8 * (it % kRing), (it / kRing) & 1);
       return ring + (it % kRing) * S::kStageBytes;
     }
     cp_async_wait<kStages - 2>();
@@ -537,8 +510,7 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
     __syncthreads();
     const int nxt = it + kStages - 1;
     if (nxt < num_tiles) load_tile(nxt, nxt % kStages);
-    if (tid == 0 && nxt + kPrefetchTiles < num_tiles)
-      prefetch_l2(kvb + static_cast<int64_t>(sPages[nxt + kPrefetchTiles]) * 2 * kv_half + head_off);
+    if (tid == 0 && nxt + kPrefetchTiles < num_tiles) prefetch_block(sPages[nxt + kPrefetchTiles]);
     cp_async_commit();
     return ring + (it % kStages) * S::kStageBytes;  // the tile's K; its V follows kBN rows later
   };
@@ -664,7 +636,7 @@ __global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attentio
       }
       if constexpr (kProd) {  // this warp is done with the stage (its reads are in registers by now)
         __syncwarp();
-        if (lane == 0) ring_bar_arrive(sEmpty + 8 * (it % kRing));
+        if (lane == 0) mbar_arrive(sEmpty + 8 * (it % kRing));
       }
     }
     cp_async_wait<0>();

@@ -9,9 +9,6 @@ namespace msa_ops {
 namespace cuda {
 
 #if defined(MSA_OPS_SM90_WGMMA)
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // mbar_wait that gives up: a hand-over that never comes (a protocol error) traps after ~2^26 polls (seconds)
 // instead of hanging the GPU; legitimate waits here last microseconds.
 __device__ __forceinline__ void mbar_wait_ws(uint32_t bar, uint32_t parity) {
