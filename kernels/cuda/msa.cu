@@ -44,6 +44,7 @@ constexpr int kStages = 3;
 // it off (read once per process).
 constexpr int kProdStages = 4;
 constexpr int kProdAhead = 2;
+constexpr int kProdThreads = kThreads + 32;  // the loader warp is warp kWarps
 constexpr int kMaxTopk = 256;  // slots one CTA compacts in shared memory (larger topk: reference)
 // Page tables of at most this many entries a sequence (128k keys) are read whole at the CTA's start (4 KB).
 constexpr int kMaxLutRow = 1024;
@@ -152,8 +153,8 @@ struct MsaSmem {
   static constexpr int kQBytes = 16 * kRowBytes;
   // key0[2*topk], page[2*topk], ids[topk], count and the sequence's cache length and layer (64 bytes), then the
   // loader warp's mbarriers (full and empty per stage, 8 bytes each)
-  static constexpr int kListBytes = 5 * kMaxTopk * 4 + 64 + 2 * kRing * 8;
   static constexpr int kBarOff = kQBytes + 5 * kMaxTopk * 4 + 64;
+  static constexpr int kListBytes = kBarOff - kQBytes + 2 * kRing * 8;
   // The page-table row of the sequence the CTA guesses it serves (kMaxLutRow entries; see the kernel's start).
   static constexpr int kLutBytes = kMaxLutRow * 4;
   static constexpr int kMergeBytes = kWarps * (16 * kD + 32) * 4;
@@ -210,12 +211,12 @@ __device__ __forceinline__ void msa_stamp(int) {}
 // merge here (cluster_merge) instead of in split_k_combine_kernel.
 // kProd (with kT, not kCluster): a fifth warp loads the K/V tiles (kProdStages, kProdAhead above).
 template <typename KV, bool kT, bool kCluster = false, bool kProd = false>
-__global__ void __launch_bounds__(kProd ? kThreads + 32 : kThreads) msa_attention_kernel(const MsaArgs a) {
+__global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention_kernel(const MsaArgs a) {
   static_assert(!kProd || (kT && !kCluster), "the loader warp serves the transposed, unclustered kernel");
   using T = KvTraits<KV>;
   using PvMma = Mma<typename T::Pv>;
   constexpr int kRing = kProd ? kProdStages : kStages;  // ring stages
-  constexpr int kCta = kProd ? kThreads + 32 : kThreads;  // threads (the loader warp is warp kWarps)
+  constexpr int kCta = kProd ? kProdThreads : kThreads;  // threads
   using S = MsaSmem<KV, kRing>;
   constexpr int kBN = T::kBN;
   constexpr int kRowBytes = T::kRowBytes;
@@ -920,21 +921,18 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       clustered = launch_cluster_merge(msa_attention_kernel<KV, true, true>, m.num_partitions, grid, S::kBytesTotal,
                                        stream, /*waits=*/true, m);
     if (clustered) note_launch(kLaunchMsaDecodeCluster);
-    // The loader-warp kernel takes one SM a CTA (145 KB of shared memory, where the kernel without it fits two):
-    // taken where its grid fits the SMs in one wave, as at the benchmark's decode shape where it was measured.
-    if (!clustered && m.group <= 8 && loader_warp_enabled() &&
-        static_cast<int64_t>(grid.x) * grid.y * grid.z <= device_sm_count()) {
-      using SP = MsaSmem<KV, kProdStages>;
-      auto kernel = msa_attention_kernel<KV, true, false, true>;
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SP::kBytesTotal);
+    if (!clustered) {
+      // The loader-warp kernel takes one SM a CTA (145 KB of shared memory, where the kernel without it fits two):
+      // taken where its grid fits the SMs in one wave, as at the benchmark's decode shape where it was measured.
+      const bool prod = m.group <= 8 && loader_warp_enabled() &&
+                        static_cast<int64_t>(grid.x) * grid.y * grid.z <= device_sm_count();
+      auto kernel = prod ? msa_attention_kernel<KV, true, false, true>
+                    : m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
+      const int smem = prod ? MsaSmem<KV, kProdStages>::kBytesTotal : S::kBytesTotal;
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       note_launch(kLaunchMsaDecode);
-      note_launch(kLaunchMsaDecodeLoader);
-      launch_pdl(kernel, grid, dim3(kThreads + 32), SP::kBytesTotal, stream, m);
-    } else if (!clustered) {
-      auto kernel = m.group <= 8 ? msa_attention_kernel<KV, true> : msa_attention_kernel<KV, false>;
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytesTotal);
-      note_launch(kLaunchMsaDecode);
-      launch_pdl(kernel, grid, dim3(kThreads), S::kBytesTotal, stream, m);
+      if (prod) note_launch(kLaunchMsaDecodeLoader);
+      launch_pdl(kernel, grid, dim3(prod ? kProdThreads : kThreads), smem, stream, m);
     }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
