@@ -1,5 +1,6 @@
 """Where an MSA decode CTA's time goes, from the per-CTA phase stamps of a profiling build (msa.cu, g_msa_stamps:
-thread 0 of each CTA, clock64 at eight points, the global timer at the first and last, and its SM):
+thread 0 of each CTA (the loader warp's lane 0 for its last hand-over), clock64 at ten points, the global timer at
+the first and last, and its SM):
 
   cmake -S kernels -B /tmp/bms -G Ninja -DMSA_OPS_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release -DMSA_OPS_MSA_STAMPS=ON
   cmake --build /tmp/bms && MSA_OPS_LIBRARY_DIR=/tmp/bms python3 scripts/probe_msa_stamps.py [--ghz 1.75]
@@ -30,7 +31,8 @@ from harness import bench_in_graph  # noqa: E402
 from probe_ws_stamps import reset, stamps  # noqa: E402  (this script's folder is on the path)
 
 POINTS = ["start", "waited", "owner found", "Q, slots, page table landed", "tile list built", "first tile landed",
-          "last tile done", "output stored"]
+          "last tile handed over", "last tile done", "every warp at the epilogue", "output stored"]
+FIRST, LAST = POINTS.index("first tile landed"), POINTS.index("last tile done")
 # msa.cu's g_msa_stamps: kMsaStampCtas x kMsaStampCols (clocks, timer at start and end, SM)
 MSA_STAMPS = ("msa_ops_msa_stamps", (4096, len(POINTS) + 3), "MSA_OPS_MSA_STAMPS")
 
@@ -61,10 +63,10 @@ def run(cache, topk, dtype, npart, ghz, rng):
     for j in range(1, len(POINTS)):
         v = (d[:, j] - d[:, j - 1]) / cyc
         print(f"| {POINTS[j]} | {q(v, 50):.2f} | {q(v, 90):.2f} |")
-    stream = (d[:, 6] - d[:, 5]) / cyc
+    stream = (d[:, LAST] - d[:, FIRST]) / cyc
     print(f"streaming: {q(stream, 50) / max(tiles - 1, 1):.3f} us a tile after the first ({tiles:.0f} tiles a CTA); "
-          f"before the first tile {q((d[:, 5] - d[:, 1]) / cyc, 50):.2f} us past the wait, after the last "
-          f"{q((d[:, 7] - d[:, 6]) / cyc, 50):.2f} us")
+          f"before the first tile {q((d[:, FIRST] - d[:, 1]) / cyc, 50):.2f} us past the wait, after the last "
+          f"{q((d[:, len(POINTS) - 1] - d[:, LAST]) / cyc, 50):.2f} us")
     g0 = d[:, len(POINTS)]  # global timer at the start, ns
     waited = g0 + (d[:, 1] - d[:, 0]) / ghz  # cycles to ns at ghz
     g1 = d[:, len(POINTS) + 1]
@@ -97,7 +99,7 @@ def who_is_slow(args, npart, ghz, calls=4, seed=1):
         jax.block_until_ready(f(*call_args))
         s = stamps(MSA_STAMPS)
         done = (s[:, 0] != 0) & (s[:, len(POINTS) - 1] != 0)
-        t = np.where(done, (s[:, 6] - s[:, 5]) / (ghz * 1e3), np.nan)
+        t = np.where(done, (s[:, LAST] - s[:, FIRST]) / (ghz * 1e3), np.nan)
         rank = np.full(t.shape, np.nan)
         rank[done] = np.argsort(np.argsort(t[done])) / max(int(done.sum()) - 1, 1)
         by_cta.append(rank)

@@ -182,14 +182,16 @@ __device__ __forceinline__ void wgmma_ss_n8_e4m3(float* d, uint64_t da, uint64_t
 // each of the first kMsaStampCtas CTAs (x fastest, then y, then z) writes clock64() at kMsaStampPoints points, the
 // global timer (ns) at the first and last, and its SM, read back after a call by msa_ops_msa_stamps() (below;
 // scripts/probe_msa_stamps.py). The points: 0 start, 1 past the wait for the previous kernel, 2 owner found, 3 Q,
-// slots and page-table row landed, 4 tile list built, 5 first tile landed, 6 last tile done, 7 output stored (the
-// last three in the transposed form, groups of at most 8 heads). Compiled out otherwise.
-[[maybe_unused]] constexpr int kMsaStampCtas = 4096, kMsaStampPoints = 8, kMsaStampCols = kMsaStampPoints + 3;
+// slots and page-table row landed, 4 tile list built, 5 first tile landed, 6 last tile handed over (by the loader
+// warp's lane 0 where it runs; else when thread 0 has the last tile), 7 last tile done, 8 every warp at the
+// epilogue's first barrier, 9 output stored (the last five in the transposed form, groups of at most 8 heads).
+// Compiled out otherwise.
+[[maybe_unused]] constexpr int kMsaStampCtas = 4096, kMsaStampPoints = 10, kMsaStampCols = kMsaStampPoints + 3;
 #if defined(MSA_OPS_MSA_STAMPS)
 __device__ long long g_msa_stamps[kMsaStampCtas][kMsaStampCols];
-__device__ __forceinline__ void msa_stamp(int point) {
+__device__ __forceinline__ void msa_stamp(int point, int by = 0) {
   const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (threadIdx.x != 0 || cta >= kMsaStampCtas) return;
+  if (threadIdx.x != by || cta >= kMsaStampCtas) return;
   g_msa_stamps[cta][point] = clock64();
   if (point == 0 || point == kMsaStampPoints - 1) {
     long long ns;
@@ -203,7 +205,7 @@ __device__ __forceinline__ void msa_stamp(int point) {
   }
 }
 #else
-__device__ __forceinline__ void msa_stamp(int) {}
+__device__ __forceinline__ void msa_stamp(int, int = 0) {}
 #endif
 
 // kT: the transposed form for groups of at most 8 heads (one row block).
@@ -494,6 +496,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
       if (lane == 0) mbar_arrive(sFull + 8 * (landed % kRing));
       ++landed;
     }
+    msa_stamp(6, kThreads);
   };
   // Both paths below start tile `it` alike: wait for tile `it`, then issue the load kStages-1 tiles ahead (and
   // the prefetch of the tile kPrefetchTiles past that) into the stage of tile it - 1, which every warp has left
@@ -551,6 +554,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
     for (int it = 0; it < (loader ? 0 : num_tiles); ++it) {
       const unsigned char* sK = await_tile(it);
       if (it == 0) msa_stamp(5);
+      if (!kProd && it == num_tiles - 1) msa_stamp(6);
       const unsigned char* sV = sK + kBN * kRowBytes;
       const int key0 = sTiles[it];
 
@@ -641,12 +645,13 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
       }
     }
     cp_async_wait<0>();
-    msa_stamp(6);
+    msa_stamp(7);
 
     // Head sums across g; the four warps merge through shared memory, and thread tid finishes head tid / 16,
     // dims (tid % 16) * 8 onwards.
     sum_over_lane_groups(l_run);
     __syncthreads();
+    msa_stamp(8);
     constexpr int MS = kD + 4;  // padded rows: conflict-free stores
     float* mo = reinterpret_cast<float*>(ring);  // [warps][8][MS]
     float* ml = mo + kWarps * 8 * MS;           // [warps][8][2] (m, l)
@@ -684,7 +689,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
       dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
       if (tid % 16 == 0) a.ws_lse[wr] = any ? mt + log2f(lt) : -INFINITY;
     }
-    msa_stamp(7);
+    msa_stamp(9);
   } else {
     uint32_t qf[KS][4];
 #pragma unroll
