@@ -1,5 +1,5 @@
 """Where an MSA decode CTA's time goes, from the per-CTA phase stamps of a profiling build (msa.cu, g_msa_stamps:
-thread 0 of each CTA (the loader warp's lane 0 for its last hand-over), clock64 at ten points, the global timer at
+thread 0 of each CTA (the loader warp's lane 0 for its last tile's copies), clock64 at ten points, the global timer at
 the first and last, and its SM):
 
   cmake -S kernels -B /tmp/bms -G Ninja -DMSA_OPS_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release -DMSA_OPS_MSA_STAMPS=ON
@@ -31,7 +31,7 @@ from harness import bench_in_graph  # noqa: E402
 from probe_ws_stamps import reset, stamps  # noqa: E402  (this script's folder is on the path)
 
 POINTS = ["start", "waited", "owner found", "Q, slots, page table landed", "tile list built", "first tile landed",
-          "last tile handed over", "last tile done", "every warp at the epilogue", "output stored"]
+          "last tile issued", "last tile done", "every warp at the epilogue", "output stored"]
 FIRST, LAST = POINTS.index("first tile landed"), POINTS.index("last tile done")
 # msa.cu's g_msa_stamps: kMsaStampCtas x kMsaStampCols (clocks, timer at start and end, SM)
 MSA_STAMPS = ("msa_ops_msa_stamps", (4096, len(POINTS) + 3), "MSA_OPS_MSA_STAMPS")

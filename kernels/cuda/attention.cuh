@@ -765,6 +765,11 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// One arrival on the mbarrier once every cp.async the thread has issued so far has landed (.noinc: it counts among
+// the arrivals mbar_init set), the copies' data then visible to the threads that wait for the phase.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   asm volatile(

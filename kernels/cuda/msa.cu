@@ -40,8 +40,8 @@ constexpr int kStages = 3;
 // The decode kernel with a loader warp (kProd, groups of at most 8 heads, partitions not merged in a cluster): a
 // fifth warp issues every K/V tile copy, kProdAhead tiles in flight, the next one issued as soon as the oldest
 // lands, into a ring of kProdStages stages that the four compute warps hand back through mbarriers; so the copies
-// no longer wait for the compute warps to finish the tile before (NOTES_msa v47). MSA_OPS_MSA_LOADER_WARP=0 turns
-// it off (read once per process).
+// no longer wait for the compute warps to finish the tile before (NOTES_msa v47). The copies themselves arrive on
+// their stage's mbarrier as they land (v49). MSA_OPS_MSA_LOADER_WARP=0 turns it off (read once per process).
 constexpr int kProdStages = 4;
 constexpr int kProdAhead = 2;
 constexpr int kProdThreads = kThreads + 32;  // the loader warp is warp kWarps
@@ -182,7 +182,7 @@ __device__ __forceinline__ void wgmma_ss_n8_e4m3(float* d, uint64_t da, uint64_t
 // each of the first kMsaStampCtas CTAs (x fastest, then y, then z) writes clock64() at kMsaStampPoints points, the
 // global timer (ns) at the first and last, and its SM, read back after a call by msa_ops_msa_stamps() (below;
 // scripts/probe_msa_stamps.py). The points: 0 start, 1 past the wait for the previous kernel, 2 owner found, 3 Q,
-// slots and page-table row landed, 4 tile list built, 5 first tile landed, 6 last tile handed over (by the loader
+// slots and page-table row landed, 4 tile list built, 5 first tile landed, 6 last tile issued (by the loader
 // warp's lane 0 where it runs; else when thread 0 has the last tile), 7 last tile done, 8 every warp at the
 // epilogue's first barrier, 9 output stored (the last five in the transposed form, groups of at most 8 heads).
 // Compiled out otherwise.
@@ -290,12 +290,13 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
     if (tid == 1) cp_async4(smem_addr(sMeta + 1), a.layer_ptr);
   }
   cp_async_commit();
-  // The loader warp's mbarriers: full[s] (the loader's one arrival: stage s has landed), then empty[s] (one
-  // arrival from each compute warp: stage s is free again); the barrier after Q lands orders their set-up.
+  // The loader warp's mbarriers: full[s] (one arrival from each loader lane once its copies of the stage's tile
+  // have landed, cp_async_mbar_arrive: stage s holds its tile), then empty[s] (one arrival from each compute warp:
+  // stage s is free again); the barrier after Q lands orders their set-up.
   const uint32_t sFull = smem_addr(smem + S::kBarOff), sEmpty = sFull + 8 * kRing;
   if (kProd && tid == kThreads) {
     for (int st = 0; st < kRing; ++st) {
-      mbar_init(sFull + 8 * st, 1);
+      mbar_init(sFull + 8 * st, 32);
       mbar_init(sEmpty + 8 * st, kWarps);
     }
   }
@@ -414,6 +415,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
       for (int s = 0; s < n_early; ++s) {
         load_tile_at(key0 + s * kBN, page, s);
         cp_async_commit();
+        if constexpr (kProd) cp_async_mbar_arrive(sFull + 8 * s);
       }
     }
   }
@@ -472,39 +474,31 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
     cp_async_commit();
   }
   // The loader warp (kProd): tile i goes into stage i % kRing once the compute warps have handed that stage back
-  // (tile i - kRing done); kProdAhead tiles in flight, the next issued as soon as the oldest has landed, which it
-  // then hands to the compute warps (full). Each tile is its own commit group, the early ones included.
+  // (tile i - kRing done) and tile i - kProdAhead has landed (kProdAhead tiles in flight); each lane's copies of a
+  // tile arrive on the stage's full barrier as they land, so the compute warps learn of a tile from the copies
+  // themselves, and the loader waits for nothing but its ring.
   auto run_loader = [&]() {
-    int issued = n_early, landed = 0;
-    while (landed < num_tiles) {
-      if (issued < num_tiles && issued - landed < kProdAhead) {
-        const int st = issued % kRing;
-        if (issued >= kRing) mbar_wait(sEmpty + 8 * st, (issued / kRing - 1) & 1);
-        load_tile(issued, st);
-        cp_async_commit();
-        if (lane == 0 && issued + kPrefetchTiles < num_tiles) prefetch_block(sPages[issued + kPrefetchTiles]);
-        ++issued;
-        continue;
-      }
-      static_assert(kProdAhead == 2, "the waits below count at most two tiles in flight");
-      if (issued - landed >= 2) cp_async_wait<1>();
-      else cp_async_wait<0>();
-#if defined(MSA_OPS_SM90_WGMMA)
-      if constexpr (kWg) fence_proxy_async();  // the landed copies, before the warpgroup MMA reads them
-#endif
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sFull + 8 * (landed % kRing));
-      ++landed;
+    for (int i = n_early; i < num_tiles; ++i) {
+      const int st = i % kRing;
+      if (i >= kRing) mbar_wait(sEmpty + 8 * st, (i / kRing - 1) & 1);
+      if (i >= kProdAhead) mbar_wait(sFull + 8 * ((i - kProdAhead) % kRing), ((i - kProdAhead) / kRing) & 1);
+      load_tile(i, st);
+      cp_async_commit();
+      cp_async_mbar_arrive(sFull + 8 * st);
+      if (lane == 0 && i + kPrefetchTiles < num_tiles) prefetch_block(sPages[i + kPrefetchTiles]);
     }
     msa_stamp(6, kThreads);
   };
   // Both paths below start tile `it` alike: wait for tile `it`, then issue the load kStages-1 tiles ahead (and
   // the prefetch of the tile kPrefetchTiles past that) into the stage of tile it - 1, which every warp has left
   // once past the barrier here: one barrier per tile. Returns where the tile's K lies in the ring. With the
-  // loader warp: wait until the loader hands tile `it` over.
+  // loader warp: wait until the copies of tile `it` have landed (its stage's full barrier).
   auto await_tile = [&](int it) {
     if constexpr (kProd) {
       mbar_wait(sFull + 8 * (it % kRing), (it / kRing) & 1);
+#if defined(MSA_OPS_SM90_WGMMA)
+      if constexpr (kWg) fence_proxy_async();  // the loader's copies (seen through the barrier), before the MMA
+#endif
       return ring + (it % kRing) * S::kStageBytes;
     }
     cp_async_wait<kStages - 2>();
