@@ -477,11 +477,12 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
   // (tile i - kRing done) and tile i - kProdAhead has landed (kProdAhead tiles in flight); each lane's copies of a
   // tile arrive on the stage's full barrier as they land, so the compute warps learn of a tile from the copies
   // themselves, and the loader waits for nothing but its ring.
+  auto wait_landed = [&](int i) { mbar_wait(sFull + 8 * (i % kRing), (i / kRing) & 1); };  // tile i's copies
   auto run_loader = [&]() {
     for (int i = n_early; i < num_tiles; ++i) {
       const int st = i % kRing;
       if (i >= kRing) mbar_wait(sEmpty + 8 * st, (i / kRing - 1) & 1);
-      if (i >= kProdAhead) mbar_wait(sFull + 8 * ((i - kProdAhead) % kRing), ((i - kProdAhead) / kRing) & 1);
+      if (i >= kProdAhead) wait_landed(i - kProdAhead);
       load_tile(i, st);
       cp_async_commit();
       cp_async_mbar_arrive(sFull + 8 * st);
@@ -495,7 +496,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
   // loader warp: wait until the copies of tile `it` have landed (its stage's full barrier).
   auto await_tile = [&](int it) {
     if constexpr (kProd) {
-      mbar_wait(sFull + 8 * (it % kRing), (it / kRing) & 1);
+      wait_landed(it);
 #if defined(MSA_OPS_SM90_WGMMA)
       if constexpr (kWg) fence_proxy_async();  // the loader's copies (seen through the barrier), before the MMA
 #endif
