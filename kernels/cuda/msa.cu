@@ -483,7 +483,11 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
       const int st = i % kRing;
       if (i >= kRing) mbar_wait(sEmpty + 8 * st, (i / kRing - 1) & 1);
       if (i >= kProdAhead) wait_landed(i - kProdAhead);
+#if defined(MSA_OPS_MSA_NOCOPY)
+      if (i < kRing) load_tile(i, st);  // a diagnostic build: the stages keep their first tiles (wrong results)
+#else
       load_tile(i, st);
+#endif
       cp_async_commit();
       cp_async_mbar_arrive(sFull + 8 * st);
       if (lane == 0 && i + kPrefetchTiles < num_tiles) prefetch_block(sPages[i + kPrefetchTiles]);
