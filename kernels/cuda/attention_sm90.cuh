@@ -99,14 +99,17 @@ inline bool sm90_kv_describable(const AttentionArgs& a) {
 // Host: fills `kv` for the call, or returns false (then the mma.sync kernel serves it): paged pages must be a power
 // of two of at least 8 slots (whole 1024-byte swizzle atoms per box), and the driver must offer the encoder.
 // tile_rows: the kernel's key tile (128, or 64 for the pair kernel and at head dim 256), the most key rows a box
-// holds.
+// holds. A box is 128 bytes of a row wide: 64 f16 / bf16 columns, or 128 of a one-byte type (fp8, as raw bytes).
 template <typename T, int D>
 bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
   if (!sm90_kv_describable(a)) return false;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  const CUtensorMapDataType dt =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const cuuint64_t row = static_cast<cuuint64_t>(a.Hkv) * D * 2;  // bytes of one key row (all kv heads)
+  constexpr int E = sizeof(T);  // bytes an element
+  const CUtensorMapDataType dt = E == 1                       ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                 : std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  constexpr cuuint32_t kBoxCols = 128 / E;
+  const cuuint64_t row = static_cast<cuuint64_t>(a.Hkv) * D * E;  // bytes of one key row (all kv heads)
   const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
   auto enc = [&](CUtensorMap* m, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
                  const cuuint32_t* box) {
@@ -119,8 +122,8 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
     const cuuint64_t dims[5] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
                                 static_cast<cuuint64_t>(a.page_size), 2 * static_cast<cuuint64_t>(a.num_layers),
                                 static_cast<cuuint64_t>(a.num_blocks)};
-    const cuuint64_t strides[4] = {D * 2, row, row * a.page_size, row * a.page_size * 2 * a.num_layers};
-    const cuuint32_t box[5] = {64, 1, static_cast<cuuint32_t>(kv->box_rows), 1, 1};
+    const cuuint64_t strides[4] = {D * E, row, row * a.page_size, row * a.page_size * 2 * a.num_layers};
+    const cuuint32_t box[5] = {kBoxCols, 1, static_cast<cuuint32_t>(kv->box_rows), 1, 1};
     if (!enc(&kv->k, a.kv_blocks, 5, dims, strides, box)) return false;
     kv->v = kv->k;  // one pool: V is the layer coordinate L + l
     return true;
@@ -130,8 +133,8 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
   kv->box_rows = tile_rows;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(a.Hkv),
                               static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {D * 2, row};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(tile_rows)};
+  const cuuint64_t strides[2] = {D * E, row};
+  const cuuint32_t box[3] = {kBoxCols, 1, static_cast<cuuint32_t>(tile_rows)};
   return enc(&kv->k, a.k, 3, dims, strides, box) && enc(&kv->v, a.v, 3, dims, strides, box);
 }
 

@@ -65,6 +65,12 @@ struct MsaArgs {
   int max_q;  // the plan's bound on one sequence's query tokens (its route)
   float* ws_o;
   float* ws_lse;
+  // The loader-warp kernel on compute capability 9.0: the pool as a 5-D tensor map (dims, kv heads, slots, K then V
+  // layers, pages; 128-byte swizzle; fp8: one box = a whole block's 128 rows of one kv head, bf16: 64 dims x 64 rows)
+  // that the loader reads whole tiles through (TMA), kv_tma set (the host sets it for bf16 alone, as yet);
+  // otherwise every tile by cp.async.
+  CUtensorMap kv_map;
+  int kv_tma;
 };
 
 // Sequence owning row t (attention.cuh's row_owner). Whole-warp call.
@@ -159,9 +165,10 @@ struct MsaSmem {
   static constexpr int kLutBytes = kMaxLutRow * 4;
   static constexpr int kMergeBytes = kWarps * (16 * kD + 32) * 4;
   static constexpr int kMain = kRing * kStageBytes;
-  // fp8: the ring starts on a 1024-byte boundary of a 1024-aligned base (the 128-byte swizzle atoms that the
-  // sm_90a warpgroup MMA reads K and Q as), hence the padding and the extra 1024 bytes for aligning the base.
-  static constexpr int kAlign = sizeof(KV) == 1 ? 1024 : 1;
+  // fp8, and the loader-warp kernel of either dtype: the ring starts on a 1024-byte boundary of a 1024-aligned base
+  // (the 128-byte swizzle atoms that the sm_90a warpgroup MMA reads K and Q as, and that TMA writes tiles in),
+  // hence the padding and the extra 1024 bytes for aligning the base.
+  static constexpr int kAlign = sizeof(KV) == 1 || kRing == kProdStages ? 1024 : 1;
   static constexpr int kRingOff = (kQBytes + kListBytes + kLutBytes + kAlign - 1) / kAlign * kAlign;
   static constexpr int kBytesTotal =
       kRingOff + (kMain > kMergeBytes ? kMain : kMergeBytes) + (kAlign > 1 ? kAlign : 0);
@@ -213,7 +220,8 @@ __device__ __forceinline__ void msa_stamp(int, int = 0) {}
 // merge here (cluster_merge) instead of in split_k_combine_kernel.
 // kProd (with kT, not kCluster): a fifth warp loads the K/V tiles (kProdStages, kProdAhead above).
 template <typename KV, bool kT, bool kCluster = false, bool kProd = false>
-__global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention_kernel(const MsaArgs a) {
+__global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
+    msa_attention_kernel(const __grid_constant__ MsaArgs a) {
   static_assert(!kProd || (kT && !kCluster), "the loader warp serves the transposed, unclustered kernel");
   using T = KvTraits<KV>;
   using PvMma = Mma<typename T::Pv>;
@@ -290,15 +298,19 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
     if (tid == 1) cp_async4(smem_addr(sMeta + 1), a.layer_ptr);
   }
   cp_async_commit();
-  // The loader warp's mbarriers: full[s] (one arrival from each loader lane once its copies of the stage's tile
-  // have landed, cp_async_mbar_arrive: stage s holds its tile), then empty[s] (one arrival from each compute warp:
-  // stage s is free again); the barrier after Q lands orders their set-up.
+  // The loader warp's mbarriers: full[s] (32 arrivals a phase: each loader lane's once its copies of the stage's
+  // tile have landed, cp_async_mbar_arrive; or, for a TMA tile, lane 0's with the tile's bytes expected and the
+  // other lanes' at once, the phase then completing with the bytes: stage s holds its tile), then empty[s] (one
+  // arrival from each compute warp: stage s is free again); the barrier after Q lands orders their set-up.
   const uint32_t sFull = smem_addr(smem + S::kBarOff), sEmpty = sFull + 8 * kRing;
   if (kProd && tid == kThreads) {
     for (int st = 0; st < kRing; ++st) {
       mbar_init(sFull + 8 * st, 32);
       mbar_init(sEmpty + 8 * st, kWarps);
     }
+#if defined(MSA_OPS_SM90_WGMMA)
+    mbar_init_fence();  // (the TMA copies complete on the full barriers)
+#endif
   }
 
   int64_t e0 = 0, e1 = 0;
@@ -350,9 +362,41 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
   // loader warp alone (kProd).
   constexpr int kLoaders = kProd ? 32 : kThreads;
   const int me = kProd ? lane : tid;
+  // Where chunk ch of key row r lies in a ring tile: swz, except in the bf16 loader-warp kernel, whose tiles are two
+  // [kBN][64] column halves with the 128-byte swizzle (the TMA boxes' layout; the ring is 1024-aligned there).
+  auto tile_off = [](int r, int ch) {
+    if constexpr (kProd && kBN < kBlock) return static_cast<int>(sw128_offset<kBN>(r, ch));
+    else return swz<kRowBytes>(r, ch);
+  };
+  // Returns whether the loader warp's lanes have arrived on the stage's full barrier themselves (a TMA tile), else
+  // they arrive once their copies land (cp_async_mbar_arrive, the caller's).
   auto load_tile_at = [&](int key0, int page, int stage) {
     unsigned char* sK = ring + stage * S::kStageBytes;
     unsigned char* sV = sK + kBN * kRowBytes;
+#if defined(MSA_OPS_SM90_WGMMA)
+    // The loader warp, every key of the tile present: the tile's K and V as TMA boxes of 128-byte column blocks
+    // (fp8: one a row, the whole block; bf16: two column halves), 32 KB against the stage's full barrier; lane 0
+    // arrives with the bytes expected, the others plainly.
+    if constexpr (kProd) {
+      if (a.kv_tma && key0 + kBN <= kmax) {
+        constexpr int kBoxes = kRowBytes / 128, kBoxCols = 128 / static_cast<int>(sizeof(KV));
+        const uint32_t bar = sFull + 8 * stage;
+        if (lane == 0) {
+          mbar_expect_tx(bar, S::kStageBytes);
+#pragma unroll
+          for (int h = 0; h < kBoxes; ++h) {
+            tma_load_5d(smem_addr(sK) + h * kBN * 128, &a.kv_map, bar, h * kBoxCols, hkv, key0 % kBlock, layer,
+                        page);
+            tma_load_5d(smem_addr(sV) + h * kBN * 128, &a.kv_map, bar, h * kBoxCols, hkv, key0 % kBlock,
+                        a.num_layers + layer, page);
+          }
+        } else {
+          mbar_arrive(bar);
+        }
+        return true;
+      }
+    }
+#endif
     const int64_t page_off = static_cast<int64_t>(page) * 2 * kv_half + head_off;
     constexpr int kRowsPass = kLoaders / kChunksRow;  // key rows one pass of the loaders covers
     // fp8, every key of the tile present (the common case): addresses at a fixed stride, no per-row checks. (The
@@ -363,23 +407,24 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
       const int64_t pass_bytes = kRowsPass * row_stride;
 #pragma unroll
       for (int j = 0; j < kBN / kRowsPass; ++j) {
-        const int dst = swz<kRowBytes>(r + j * kRowsPass, ch);
+        const int dst = tile_off(r + j * kRowsPass, ch);
         cp_async16(smem_addr(sK + dst), src + j * pass_bytes);
         cp_async16(smem_addr(sV + dst), src + j * pass_bytes + kv_half);
       }
-      return;
+      return false;
     }
     for (int cidx = me; cidx < kBN * kChunksRow; cidx += kLoaders) {
       const int r = cidx / kChunksRow, ch = cidx % kChunksRow;
       const int key = key0 + r;
       const bool ok = key < kmax;
       const unsigned char* srcK = kvb + page_off + static_cast<int64_t>(key % kBlock) * row_stride + ch * 16;
-      const int dst = swz<kRowBytes>(r, ch);
+      const int dst = tile_off(r, ch);
       cp_async16(smem_addr(sK + dst), ok ? srcK : kvb, ok);
       cp_async16(smem_addr(sV + dst), ok ? srcK + kv_half : kvb, ok);
     }
+    return false;
   };
-  auto load_tile = [&](int i, int stage) { load_tile_at(sTiles[i], sPages[i], stage); };
+  auto load_tile = [&](int i, int stage) { return load_tile_at(sTiles[i], sPages[i], stage); };
 
   // What the compaction keeps of a slot (repeats aside): an id inside the page table whose block starts before
   // n_keys and at or before p, on a page inside the pool (page: the entry, -1 for an id outside the table); and
@@ -413,9 +458,9 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
       const int key0 = id * kBlock;
       n_early = second_tile(key0) && kEarlyMax >= 2 ? 2 : 1;
       for (int s = 0; s < n_early; ++s) {
-        load_tile_at(key0 + s * kBN, page, s);
+        const bool arrived = load_tile_at(key0 + s * kBN, page, s);
         cp_async_commit();
-        if constexpr (kProd) cp_async_mbar_arrive(sFull + 8 * s);
+        if (kProd && !arrived) cp_async_mbar_arrive(sFull + 8 * s);
       }
     }
   }
@@ -484,12 +529,12 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
       if (i >= kRing) mbar_wait(sEmpty + 8 * st, (i / kRing - 1) & 1);
       if (i >= kProdAhead) wait_landed(i - kProdAhead);
 #if defined(MSA_OPS_MSA_NOCOPY)
-      if (i < kRing) load_tile(i, st);  // a diagnostic build: the stages keep their first tiles (wrong results)
+      const bool arrived = i < kRing && load_tile(i, st);  // a diagnostic build: the stages keep their first tiles
 #else
-      load_tile(i, st);
+      const bool arrived = load_tile(i, st);
 #endif
       cp_async_commit();
-      cp_async_mbar_arrive(sFull + 8 * st);
+      if (!arrived) cp_async_mbar_arrive(sFull + 8 * st);
       if (lane == 0 && i + kPrefetchTiles < num_tiles) prefetch_block(sPages[i + kPrefetchTiles]);
     }
     msa_stamp(6, kThreads);
@@ -586,7 +631,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
           for (int kk = 0; kk < KS; ++kk) {
             uint32_t kf[4];  // K as the A operand: (keys 0-7, c), (8-15, c), (0-7, c + 1), (8-15, c + 1)
             const FragAddr f = v_frag_addr(lane, key_w0 + kb * 16, kk * 2);
-            ldmatrix_x4(kf, smem_addr(sK + swz<kRowBytes>(f.key, f.ch)));
+            ldmatrix_x4(kf, smem_addr(sK + tile_off(f.key, f.ch)));
             T::qk(s[kb], kf, qb[kk]);
           }
         }
@@ -621,13 +666,13 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads) msa_attention
           if constexpr (std::is_same_v<KV, __nv_bfloat16>) {
             // V^T as the A operand, read transposed: (keys 0-7, c), (0-7, c + 1), (8-15, c), (8-15, c + 1).
             const FragAddr f = k_frag_addr(lane, key_w0 + kb * 16, c);
-            ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(f.key, f.ch)));
+            ldmatrix_x4_trans(vf, smem_addr(sV + tile_off(f.key, f.ch)));
             PvMma::run(o[c / 2], vf, pb);
           } else {
             // (keys 0-7, c), (8-15, c), (0-7, c + 1), (8-15, c + 1): each .trans register is two keys of one pair
             // of adjacent dims; widened, the even dim is an A row 0-7 of M tile c and the odd dim its row 8-15.
             const FragAddr f = v_frag_addr(lane, kofs(kb), c);
-            ldmatrix_x4_trans(vf, smem_addr(sV + swz<kRowBytes>(f.key, f.ch)));
+            ldmatrix_x4_trans(vf, smem_addr(sV + tile_off(f.key, f.ch)));
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
               uint32_t af[4];
@@ -918,6 +963,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": prefill kernel launch failed: " + cudaGetErrorString(e));
   } else if (m.T > 0 && m.topk > 0) {
+    MsaArgs m2 = m;  // (with the tensor map where the loader-warp kernel reads through it)
     const int row_blocks = (m.group + 15) / 16;
     const dim3 grid(m.T * row_blocks, m.Hkv, m.num_partitions);
     // Groups of at most 8 heads split in two: each token's partitions form a cluster and merge in the kernel.
@@ -936,7 +982,15 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       note_launch(kLaunchMsaDecode);
       if (prod) note_launch(kLaunchMsaDecodeLoader);
-      launch_pdl(kernel, grid, dim3(prod ? kProdThreads : kThreads), smem, stream, m);
+      // bf16 alone reads its whole tiles through the tensor map: fp8's one-head rows are 128 bytes, and the map's
+      // 256-byte L2 promotion fetches the next kv head's row with each (no CTA of the call reads it); fp8 through
+      // TMA measured slower than by cp.async (benchmarks/NOTES_msa.md v51), so its kernel keeps cp.async for now.
+      if (prod && use_wgmma() && sizeof(KV) == 2) {
+        Sm90Kv t;  // the pool's boxes: a tile's rows, 128 bytes of each
+        constexpr int kBN = KvTraits<KV>::kBN;
+        if (make_sm90_kv<KV, kD>(a, &t, kBN) && t.box_rows == kBN) m2.kv_map = t.k, m2.kv_tma = 1;
+      }
+      launch_pdl(kernel, grid, dim3(prod ? kProdThreads : kThreads), smem, stream, m2);
     }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
