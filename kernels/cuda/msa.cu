@@ -982,9 +982,9 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       note_launch(kLaunchMsaDecode);
       if (prod) note_launch(kLaunchMsaDecodeLoader);
-      // bf16 alone reads its whole tiles through the tensor map: fp8's one-head rows are 128 bytes, and the map's
-      // 256-byte L2 promotion fetches the next kv head's row with each (no CTA of the call reads it); fp8 through
-      // TMA measured slower than by cp.async (benchmarks/NOTES_msa.md v51), so its kernel keeps cp.async for now.
+      // bf16 alone reads its whole tiles through the tensor map: fp8 through TMA measured slower than by cp.async
+      // (benchmarks/NOTES_msa.md v51), so its kernel keeps cp.async for now. A likely cause, not yet tested: fp8's
+      // one-head rows are 128 bytes, and the map's 256-byte L2 promotion also fetches the next kv head's row.
       if (prod && use_wgmma() && sizeof(KV) == 2) {
         Sm90Kv t;  // the pool's boxes: a tile's rows, 128 bytes of each
         constexpr int kBN = KvTraits<KV>::kBN;
