@@ -101,7 +101,8 @@ inline bool sm90_kv_describable(const AttentionArgs& a) {
 // tile_rows: the kernel's key tile (128, or 64 for the pair kernel and at head dim 256), the most key rows a box
 // holds. A box is 128 bytes of a row wide: 64 f16 / bf16 columns, or 128 of a one-byte type (fp8, as raw bytes).
 template <typename T, int D>
-bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
+bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128,
+                  CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   if (!sm90_kv_describable(a)) return false;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   constexpr int E = sizeof(T);  // bytes an element
@@ -114,7 +115,7 @@ bool make_sm90_kv(const AttentionArgs& a, Sm90Kv* kv, int tile_rows = 128) {
   auto enc = [&](CUtensorMap* m, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
                  const cuuint32_t* box) {
     return encode(m, dt, rank, const_cast<void*>(base), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_SWIZZLE_128B, promotion,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   };
   if (a.kv_mode == kKvPaged) {

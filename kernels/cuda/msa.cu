@@ -67,8 +67,7 @@ struct MsaArgs {
   float* ws_lse;
   // The loader-warp kernel on compute capability 9.0: the pool as a 5-D tensor map (dims, kv heads, slots, K then V
   // layers, pages; 128-byte swizzle; fp8: one box = a whole block's 128 rows of one kv head, bf16: 64 dims x 64 rows)
-  // that the loader reads whole tiles through (TMA), kv_tma set (the host sets it for bf16 alone, as yet);
-  // otherwise every tile by cp.async.
+  // that the loader reads whole tiles through (TMA), kv_tma set; otherwise every tile by cp.async.
   CUtensorMap kv_map;
   int kv_tma;
 };
@@ -982,13 +981,14 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       note_launch(kLaunchMsaDecode);
       if (prod) note_launch(kLaunchMsaDecodeLoader);
-      // bf16 alone reads its whole tiles through the tensor map: fp8 through TMA measured slower than by cp.async
-      // (benchmarks/NOTES_msa.md v51), so its kernel keeps cp.async for now. A likely cause, not yet tested: fp8's
-      // one-head rows are 128 bytes, and the map's 256-byte L2 promotion also fetches the next kv head's row.
-      if (prod && use_wgmma() && sizeof(KV) == 2) {
+      // fp8's rows of one kv head are 128 bytes: 128-byte L2 promotion, so that no row fetches the next kv head's
+      // (which no CTA of the call reads); bf16's are 256 bytes, whole 256-byte promotions.
+      if (prod && use_wgmma()) {
         Sm90Kv t;  // the pool's boxes: a tile's rows, 128 bytes of each
         constexpr int kBN = KvTraits<KV>::kBN;
-        if (make_sm90_kv<KV, kD>(a, &t, kBN) && t.box_rows == kBN) m2.kv_map = t.k, m2.kv_tma = 1;
+        const CUtensorMapL2promotion promo =
+            kD * sizeof(KV) <= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+        if (make_sm90_kv<KV, kD>(a, &t, kBN, promo) && t.box_rows == kBN) m2.kv_map = t.k, m2.kv_tma = 1;
       }
       launch_pdl(kernel, grid, dim3(prod ? kProdThreads : kThreads), smem, stream, m2);
     }
