@@ -185,6 +185,35 @@ extern "C" __global__ void __launch_bounds__(128) tma_read(const void* tmap, con
 """
 
 
+def cupy_graph_timer(cp, s, launch, n=10, iters=20, repeats=5):
+    """A function returning seconds per launch of `launch()` on CuPy stream s, timed as harness.bench times a jitted
+    step: n launches captured in one CUDA graph, `iters` graph launches per repeat, the median of `repeats`."""
+    with s:
+        launch()
+    s.synchronize()
+    mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)
+    s.begin_capture(*(() if mode is None else (mode,)))
+    with s:
+        for _ in range(n):
+            launch()
+    g = s.end_capture()
+
+    def timer():
+        g.launch(s)
+        s.synchronize()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                g.launch(s)
+            s.synchronize()
+            ts.append((time.perf_counter() - t0) / iters / n)
+        return float(np.median(ts))
+
+    timer.launch = launch  # the graph's kernels read the buffers that launch's arguments hold: keep them
+    return timer
+
+
 class Readers:
     """The compiled kernels and the CuPy side of one process."""
 
@@ -210,33 +239,8 @@ class Readers:
         return buf
 
     def graph_timer(self, launch, n=10, iters=20, repeats=5):
-        """A function returning seconds per launch of `launch()`, timed as harness.bench times a jitted step: n
-        launches captured in one CUDA graph, `iters` graph launches per repeat, the median of `repeats`."""
-        cp, s = self.cp, self.stream
-        with s:
-            launch()
-        s.synchronize()
-        mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)
-        s.begin_capture(*(() if mode is None else (mode,)))
-        with s:
-            for _ in range(n):
-                launch()
-        g = s.end_capture()
-
-        def timer():
-            g.launch(s)
-            s.synchronize()
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    g.launch(s)
-                s.synchronize()
-                ts.append((time.perf_counter() - t0) / iters / n)
-            return float(np.median(ts))
-
-        timer.launch = launch  # the graph's kernels read the buffers that launch's arguments hold: keep them
-        return timer
+        """cupy_graph_timer on this reader's stream."""
+        return cupy_graph_timer(self.cp, self.stream, launch, n, iters, repeats)
 
     def launch_fn(self, kind, cfg, pool, lut_d, ids_d, *, b, hkv, page, rowb, parts, np_, maxp, topk, out,
                   check=0, tmap=None, mode=0, work=0):

@@ -15,6 +15,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from gpu_decode_ceiling import cupy_graph_timer  # noqa: E402
+from gpu_gather_ceiling import cupy_device  # noqa: E402
 from gpu_msa import HKV, B, D, H, decode_case, decode_ids, msa_call  # noqa: E402
 from harness import bench_in_graph  # noqa: E402
 
@@ -48,12 +50,10 @@ def msa_tiny():
 
 
 def cupy_floors():
-    try:
-        import cupy as cp
-    except Exception as e:  # noqa: BLE001
-        return {"cupy": f"n/a ({type(e).__name__})"}
-    import time
-
+    got = cupy_device("cupy floors")
+    if got is None:
+        return {"cupy": "n/a"}
+    cp = got[0]
     src = r"""
 extern "C" __global__ void empty(int* p) { if (p == nullptr) p[threadIdx.x] = 0; }
 extern "C" __global__ void read1(const int* __restrict__ a, int* __restrict__ o) {
@@ -64,31 +64,9 @@ extern "C" __global__ void read1(const int* __restrict__ a, int* __restrict__ o)
     a = cp.ones(128 * 4096, cp.int32)
     o = cp.zeros(128, cp.int32)
     s = cp.cuda.Stream(non_blocking=True)
-
-    def timed(launch, n=10, iters=20, repeats=5):
-        with s:
-            launch()
-        s.synchronize()
-        mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)
-        s.begin_capture(*(() if mode is None else (mode,)))
-        with s:
-            for _ in range(n):
-                launch()
-        g = s.end_capture()
-        g.launch(s)
-        s.synchronize()
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                g.launch(s)
-            s.synchronize()
-            ts.append((time.perf_counter() - t0) / iters / n)
-        return float(np.median(ts))
-
     return {
-        "cupy_empty_1cta": timed(lambda: kern["empty"]((1,), (32,), (o,))),
-        "cupy_read1_128cta": timed(lambda: kern["read1"]((128,), (128,), (a, o))),
+        "cupy_empty_1cta": cupy_graph_timer(cp, s, lambda: kern["empty"]((1,), (32,), (o,)))(),
+        "cupy_read1_128cta": cupy_graph_timer(cp, s, lambda: kern["read1"]((128,), (128,), (a, o)))(),
     }
 
 
