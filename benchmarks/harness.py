@@ -23,31 +23,34 @@ def bench(fn, args, iters: int = 20, repeats: int = 5) -> float:
     return float(np.median(ts))
 
 
-def in_graph(op, args, n: int = 10):
+def in_graph(op, args, n: int = 10, more=()):
     """``(fn, fn_args)``: ``n`` calls of ``op(*args)`` inside one jitted function, for `bench` (per call: divide by n).
 
     Host dispatch of a jitted call costs tens of microseconds, as much as a small decode kernel runs, so one
     call per dispatch measures the host. Here one dispatch runs ``n`` independent calls. Every argument enters
     as ``n`` separate parameters (the same arrays each time), so XLA can neither merge the calls nor fuse them
     into one pass over a shared operand (with only q varied, the ten XLA attentions of a decode step shared K
-    and V, and their figure exceeded the HBM peak).
+    and V, and their figure exceeded the HBM peak). With ``more`` (argument tuples like ``args``), call i takes
+    ``(args, *more)[i % (1 + len(more))]``: other selected blocks, say, so that a call does not find the bytes of
+    the call before it in L2.
     """
+    sets = (tuple(args), *map(tuple, more))
     k = len(args)
 
     def many(*params):
         return tuple(op(*params[i * k : (i + 1) * k]) for i in range(n))
 
-    return jax.jit(many), tuple(args) * n
+    return jax.jit(many), tuple(a for i in range(n) for a in sets[i % len(sets)])
 
 
-def bench_in_graph(op, args, n: int = 10, **kw) -> float:
+def bench_in_graph(op, args, n: int = 10, more=(), **kw) -> float:
     """Seconds per call of ``op(*args)``, timed as ``n`` calls inside one jitted function (`in_graph`)."""
-    return bench(*in_graph(op, args, n), **kw) / n
+    return bench(*in_graph(op, args, n, more), **kw) / n
 
 
-def graph_timer(op, args, n: int = 10):
+def graph_timer(op, args, n: int = 10, more=()):
     """A function returning `bench_in_graph`'s seconds per call, compiled once (for `bench_rounds`)."""
-    fn, fn_args = in_graph(op, args, n)
+    fn, fn_args = in_graph(op, args, n, more)
     return lambda: bench(fn, fn_args) / n
 
 
