@@ -1,7 +1,8 @@
 """MSA decode on the GPU: our CUDA kernel vs cuDNN dense decode at the same shape, same process.
 
 B=32, H=32, Hkv=4, D=128, cache 32k and 128k, topk 16 and 64 selected 128-token blocks, bf16 and fp8 KV.
-Bandwidth = bytes of the gathered K/V blocks / time; cuDNN's = dense K/V bytes / time.
+Bandwidth = bytes of the gathered K/V blocks / time; cuDNN's = dense K/V bytes / time. Each call is timed in runs of
+ten calls to a jitted function and in runs of fifty over four block selections in turn (STEP_CALLS, below).
 Indexer (decode): B=32, 128k context (1024 blocks), 4 index heads, Di=128, bf16, top-64 (1 init, 2 local);
 bandwidth = index-key bytes it must read / time, against the same run's cuDNN dense decode bandwidth.
 Prints markdown tables, writes gpu_msa.json / gpu_msa.md into --out.
