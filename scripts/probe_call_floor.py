@@ -21,6 +21,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+import msa_ops  # noqa: E402
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from gpu_decode_ceiling import cupy_graph_timer  # noqa: E402
 from gpu_gather_ceiling import cupy_device  # noqa: E402
@@ -66,7 +68,23 @@ def xla_chained():
     q = jax.random.normal(jax.random.PRNGKey(0), (1, 1, 8, 128), jnp.bfloat16)
     k = jax.random.normal(jax.random.PRNGKey(1), (1, 128, 1, 128), jnp.bfloat16)
     out["cudnn_1x128"] = chained(lambda q, k: jax.nn.dot_product_attention(q, k, k, implementation="cudnn"), q, (k,))
+    out["store_1row"] = store_chained()
     return out
+
+
+def store_chained():
+    """Our smallest kernel behind an FFI call: the KV store of one row into a one-page pool (the pool passes from
+    call to call, updated in place)."""
+    kvb = jax.random.normal(jax.random.PRNGKey(4), (1, 2, 1, 128, 1, D), jnp.bfloat16)
+    k = jax.random.normal(jax.random.PRNGKey(5), (1, 1, D), jnp.bfloat16)
+    offs = jnp.arange(2, dtype=jnp.int32)
+    cl = jnp.full((1,), 5, jnp.int32)
+    lut = jnp.zeros((1, 1), jnp.int32)
+
+    def store(kvb, k, offs, cl, lut):
+        return msa_ops.kv_cache_store_ragged_paged(kvb, k, k, offs, cl, lut, 0, implementation="native")
+
+    return chained(store, kvb, (k, offs, cl, lut))
 
 
 def msa_tiny_case():
