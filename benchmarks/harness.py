@@ -28,7 +28,8 @@ def in_graph(op, args, n: int = 10, more=()):
 
     Host dispatch of a jitted call costs tens of microseconds, as much as a small decode kernel runs, so one
     call per dispatch measures the host. Here one dispatch runs ``n`` independent calls. Every argument enters
-    as ``n`` separate parameters (the same arrays each time), so XLA can neither merge the calls nor fuse them
+    as ``n`` separate parameters (the same arrays each time, unless ``more`` is given), so XLA can neither merge the
+    calls nor fuse them
     into one pass over a shared operand (with only q varied, the ten XLA attentions of a decode step shared K
     and V, and their figure exceeded the HBM peak). Each run of a jitted function also leaves a gap on the device
     (~25 us on an H100, NOTES_msa v55) that its n calls share: ten calls of ~50 us read ~5% slow from it, so small
@@ -38,6 +39,7 @@ def in_graph(op, args, n: int = 10, more=()):
     """
     sets = (tuple(args), *map(tuple, more))
     k = len(args)
+    assert all(len(a) == k for a in sets), "in_graph: every argument set of `more` must match `args`"
 
     def many(*params):
         return tuple(op(*params[i * k : (i + 1) * k]) for i in range(n))
@@ -50,10 +52,11 @@ def bench_in_graph(op, args, n: int = 10, more=(), **kw) -> float:
     return bench(*in_graph(op, args, n, more), **kw) / n
 
 
-def graph_timer(op, args, n: int = 10, more=()):
-    """A function returning `bench_in_graph`'s seconds per call, compiled once (for `bench_rounds`)."""
+def graph_timer(op, args, n: int = 10, more=(), **kw):
+    """A function returning `bench_in_graph`'s seconds per call, compiled once (for `bench_rounds`); ``kw`` goes to
+    `bench` (iters, repeats)."""
     fn, fn_args = in_graph(op, args, n, more)
-    return lambda: bench(fn, fn_args) / n
+    return lambda: bench(fn, fn_args, **kw) / n
 
 
 def bench_rounds(timers: dict, rounds: int) -> dict:
