@@ -29,11 +29,10 @@ def in_graph(op, args, n: int = 10, more=()):
     Host dispatch of a jitted call costs tens of microseconds, as much as a small decode kernel runs, so one
     call per dispatch measures the host. Here one dispatch runs ``n`` independent calls. Every argument enters
     as ``n`` separate parameters (the same arrays each time, unless ``more`` is given), so XLA can neither merge the
-    calls nor fuse them
-    into one pass over a shared operand (with only q varied, the ten XLA attentions of a decode step shared K
-    and V, and their figure exceeded the HBM peak). Each run of a jitted function also leaves a gap on the device
-    (~25 us on an H100, NOTES_msa v55) that its n calls share: ten calls of ~50 us read ~5% slow from it, so small
-    calls want a larger n. With ``more`` (argument tuples like ``args``), call i takes
+    calls nor fuse them into one pass over a shared operand (with only q varied, the ten XLA attentions of a decode
+    step shared K and V, and their figure exceeded the HBM peak). Each run of a jitted function also leaves a gap
+    on the device (~25 us on an H100, NOTES_msa v55) that its n calls share: ten calls of ~50 us read ~5% slow from
+    it, so small calls want a larger n. With ``more`` (argument tuples like ``args``), call i takes
     ``(args, *more)[i % (1 + len(more))]``: other selected blocks, say, so that a call does not find the bytes of
     the call before it in L2.
     """
