@@ -7,6 +7,8 @@ come. Skipped where no GPU backend is present.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -1158,7 +1160,8 @@ def test_cuda_graph_msa_chain_same_results():
     time. With it the MSA decode kernel may start before the kernel ahead of it ends, so a read before that
     kernel's writes are visible would show here as a difference. bf16 runs the one-partition kernel, its calls
     back to back (the output is the next q as it is); fp8 at topk 64 the two-partition cluster, with a conversion
-    kernel between the calls."""
+    kernel between the calls. These three run without work sharing (MSA_OPS_MSA_SHARE=0), whose bits may differ from
+    call to call; a fourth run with it, PDL on and in a captured graph, must agree with them within the budget."""
     import os
     import subprocess
     import sys
@@ -1193,14 +1196,19 @@ for dt, topk, np_ in ((jnp.bfloat16, 16, 1), (jnp.float8_e4m3fn, 64, 2)):
 '''
     graph_flags = " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
     runs = {}
-    for name, pdl, flags in (("base", "0", ""), ("pdl", "1", ""), ("pdl_graph", "1", graph_flags)):
-        env = dict(os.environ, MSA_OPS_PDL=pdl)
+    for name, pdl, flags, share in (("base", "0", "", "0"), ("pdl", "1", "", "0"), ("pdl_graph", "1", graph_flags, "0"),
+                                    ("share_pdl_graph", "1", graph_flags, "4")):
+        env = dict(os.environ, MSA_OPS_PDL=pdl, MSA_OPS_MSA_SHARE=share)
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + flags).strip()
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
         assert r.returncode == 0, (name, r.stderr[-2000:])
-        assert [ln for ln in r.stdout.splitlines() if ln.startswith("MAXDIFF")] == ["MAXDIFF 0.0"] * 2, (name, r.stdout)
+        diffs = [float(ln.split()[1]) for ln in r.stdout.splitlines() if ln.startswith("MAXDIFF")]
+        assert len(diffs) == 2 and (max(diffs) == 0.0 if share == "0" else max(diffs) < 0.05), (name, r.stdout)
         runs[name] = [ln for ln in r.stdout.splitlines() if ln.startswith("CHECKSUM")]
     assert len(runs["base"]) == 2 and runs["pdl"] == runs["base"] and runs["pdl_graph"] == runs["base"], runs
+    for a_, b_ in zip(runs["share_pdl_graph"], runs["base"]):  # sums of 32 x 32 x 128 outputs of about 0.1-1
+        np.testing.assert_allclose([float(x) for x in a_.split()[1:]], [float(x) for x in b_.split()[1:]],
+                                   rtol=2e-3, atol=2.0)
 
 
 # ------------------------------------------------------------------------------------------ CUDA MSA
@@ -1239,7 +1247,10 @@ def test_cuda_msa_loader_warp_same_bits():
     oracle's. Decode batches (one row a sequence; one case with a padding row and the hint), 30-40 pages a sequence
     and topk up to 64 (the ring of four stages wraps several times), -1 / duplicate / out-of-range ids, bf16 and
     fp8, one, two (the cluster form, which has no loader warp) and three partitions; the loader-warp kernel serves
-    a call where its grid fits the GPU's SMs (one CTA an SM), and one case has more CTAs than SMs."""
+    a call where its grid fits the GPU's SMs (one CTA an SM), and one case has more CTAs than SMs. The loader-warp
+    kernel runs without work sharing there (MSA_OPS_MSA_SHARE=0); a third process runs the same cases with it (its
+    clusters of 2 or 4 tokens wherever the tokens divide), whose bits may differ from call to call: its outputs
+    are checked against the oracle, and which calls it served."""
     import os
     import subprocess
     import sys
@@ -1271,21 +1282,30 @@ for dt in (jnp.bfloat16, jnp.float8_e4m3fn):
         before = _native.launch_counts()
         outs = [np.asarray(f(*args)) for _ in range(3)]
         after = _native.launch_counts()
-        assert all(np.array_equal(o.view(np.uint16), outs[0].view(np.uint16)) for o in outs), "repeats differ"
-        assert_close(outs[0], oracle.msa_attention_ragged_paged(*args), budget_for(dt))
-        grew = [k for k in ("msa_decode_loader", "msa_decode_cluster") if after[k] > before[k]]
+        want = oracle.msa_attention_ragged_paged(*args)
+        if sys.argv[2] == "strict":
+            assert all(np.array_equal(o.view(np.uint16), outs[0].view(np.uint16)) for o in outs), "repeats differ"
+        for o in outs:
+            assert_close(o, want, budget_for(dt))
+        grew = [k for k in ("msa_decode_loader", "msa_decode_cluster", "msa_decode_share") if after[k] > before[k]]
         fits = batch.T * hkv * np_ <= sms
         print("CASE", jnp.dtype(dt).name, group, topk, np_, b, "+".join(grew) or "-", "fits" if fits else "over",
               hashlib.sha256(outs[0].view(np.uint16).tobytes()).hexdigest())
 '''
     here = os.path.dirname(os.path.abspath(__file__))
     runs = {}
-    for setting in ("1", "0"):
-        env = dict(os.environ, MSA_OPS_MSA_LOADER_WARP=setting, MSA_OPS_CLUSTER_MERGE="1")
-        r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, (setting, r.stderr[-3000:])
-        runs[setting] = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("CASE")]
-        assert len(runs[setting]) == 10, r.stdout
+    for setting, share in (("1", "0"), ("0", "0"), ("1", "4")):
+        env = dict(os.environ, MSA_OPS_MSA_LOADER_WARP=setting, MSA_OPS_CLUSTER_MERGE="1", MSA_OPS_MSA_SHARE=share)
+        r = subprocess.run([sys.executable, "-c", code, here, "strict" if share == "0" else "close"],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, (setting, share, r.stderr[-3000:])
+        runs[setting + share] = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("CASE")]
+        assert len(runs[setting + share]) == 10, r.stdout
+    for sh in runs["14"]:  # sharing serves the loader-warp calls whose tokens form clusters of 2 or 4
+        t = int(sh[5]) + (1 if sh[5] == "7" else 0)  # (the case of 7 sequences has a padding row)
+        loader = "msa_decode_loader" in sh[6].split("+")
+        assert ("msa_decode_share" in sh[6].split("+")) == (loader and t % 2 == 0), sh
+    runs["1"], runs["0"] = runs.pop("10"), runs.pop("00")
     for on, off in zip(runs["1"], runs["0"]):
         assert on[:6] == off[:6], (on, off)
         clustered = "msa_decode_cluster" in on[6]
@@ -1294,6 +1314,56 @@ for dt in (jnp.bfloat16, jnp.float8_e4m3fn):
         assert ("msa_decode_loader" in on[6].split("+")) == (want is not None), (on, off)
         assert "msa_decode_loader" not in off[6], (on, off)
         assert on[8] == off[8], f"outputs differ with and without the loader warp: {on[1:6]}"
+
+
+def test_cuda_msa_share_matches_oracle():
+    """Work sharing in the MSA decode kernel (MSA_OPS_MSA_SHARE=4, read once per process: its own process; the
+    loader-warp kernel in clusters of 2 or 4 tokens of a kv head, which take each other's key tiles at run time):
+    the float64 oracle's output where the work is most uneven, so that members take many tiles from each other:
+    tokens whose lists are empty (every id -1, or a padding row), a few blocks, or up to 64; groups 1, 4 and 8; one
+    and three partitions; bf16 and fp8; a call repeated five times (which member takes which tile changes from call
+    to call); and the sharing kernel served every call."""
+    import subprocess
+    import sys
+
+    code = r'''
+import sys
+sys.path.insert(0, sys.argv[1])
+import jax, jax.numpy as jnp, numpy as np, msa_ops, oracle
+from msa_ops import _native
+from conftest import RaggedBatch, assert_close, budget_for, make_paged_cache, rand
+sms = jax.devices()[0].core_count
+hkv = 2
+for dt in (jnp.bfloat16, jnp.float8_e4m3fn):
+    for group, b, pad, np_, mp in ((8, 8, 0, 1, 40), (4, 12, 0, 3, 24), (1, 7, 1, 1, 36), (8, 16, 0, 1, 12)):
+        assert (b + pad) * hkv * np_ <= sms
+        rng = np.random.default_rng(group * 100 + b)
+        cache = [int(x) for x in rng.integers(128 * (mp // 2), 128 * mp - 1, b)]
+        batch = RaggedBatch([1] * b, cache, b + pad)
+        pc = make_paged_cache(rng, [c + 1 for c in cache], page_size=128, max_pages=mp, n_kv_heads=hkv,
+                              head_dim=128, dtype=dt)
+        q = rand(rng, (batch.T, hkv * group, 128), dt)
+        topk = 64
+        ids = rng.integers(-1, mp, (hkv, batch.T, topk)).astype(np.int32)
+        for t in range(batch.T):  # uneven lists: none, a few, all 64 slots
+            ids[:, t, [0, 2, topk, 5][t % 4]:] = -1
+        ids[:, :, 1] = ids[:, :, 0]  # a duplicate
+        args = (q, batch.offsets, None, pc.kv_blocks, batch.cache_lengths, pc.lut, 1, ids)
+        kw = {"max_prompt_length": 1} if pad else {}
+        f = jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_, implementation="native",
+                                                                  **kw), static_argnums=2)
+        want = oracle.msa_attention_ragged_paged(*args)
+        before = _native.launch_counts()["msa_decode_share"]
+        for _ in range(5):
+            assert_close(f(*args), want, budget_for(dt))
+        assert _native.launch_counts()["msa_decode_share"] > before, (dt, group, b)
+        print("CASE", jnp.dtype(dt).name, group, b, np_)
+'''
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, MSA_OPS_MSA_SHARE="4", MSA_OPS_MSA_LOADER_WARP="1")
+    r = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len([ln for ln in r.stdout.splitlines() if ln.startswith("CASE")]) == 8, r.stdout
 
 
 def test_cuda_msa_bad_values_and_cpu_agreement():

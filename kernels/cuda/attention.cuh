@@ -46,11 +46,12 @@ enum LaunchKind : int {
   kLaunchMsaPrefillWs,      // msa_prefill_ws_sm90_kernel
   kLaunchSm90Ws3,           // attention_ws_sm90_kernel with three consumer warpgroups (head dim 64, 192-row items)
   kLaunchMsaDecodeLoader,   // msa_attention_kernel with its loader warp (counted as kLaunchMsaDecode too)
+  kLaunchMsaDecodeShare,    // the loader-warp kernel sharing tiles in clusters (counted as both above too)
   kLaunchKinds
 };
 inline constexpr char kLaunchNames[] =
     "mma,mma_cluster,sm90_cta,sm90_ws,sm90_pair,combine,zero_rows,msa_decode,msa_decode_cluster,msa_prefill_cta,"
-    "msa_prefill_ws,sm90_ws3,msa_decode_loader";
+    "msa_prefill_ws,sm90_ws3,msa_decode_loader,msa_decode_share";
 inline std::atomic<unsigned long long> g_launch_counts[kLaunchKinds];
 inline void note_launch(LaunchKind k) { g_launch_counts[k].fetch_add(1, std::memory_order_relaxed); }
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "attention.cuh"
@@ -71,6 +72,64 @@ struct MsaArgs {
   CUtensorMap kv_map;
   int kv_tma;
 };
+
+// Work sharing's cluster operations (sm_90+; no-ops before): the two halves of a cluster barrier (all threads of a
+// warp together), and 32-bit / 128-bit accesses to the shared memory of cluster CTA `rank` at the address `addr`
+// has in this CTA's (the atomic is relaxed at cluster scope, so the owner's and the other members' claims on one
+// word are atomic with each other).
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, uint32_t rank) {
+  uint32_t remote = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+#endif
+  return remote;
+}
+__device__ __forceinline__ uint32_t atom_add_cluster(uint32_t raddr, uint32_t v) {
+  uint32_t old = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("atom.relaxed.cluster.shared::cluster.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(raddr), "r"(v) : "memory");
+#else
+  __trap();  // (the launch takes the sharing kernel only where its code was compiled for 9.0+)
+#endif
+  return old;
+}
+__device__ __forceinline__ uint32_t ld_relaxed_cluster_u32(uint32_t raddr) {
+  uint32_t v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.relaxed.cluster.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(raddr) : "memory");
+#endif
+  return v;
+}
+__device__ __forceinline__ uint4 ld_cluster_u4(uint32_t raddr) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(raddr)
+               : "memory");
+#endif
+  return v;
+}
+__device__ __forceinline__ void st_cluster_u4(uint32_t raddr, uint4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(raddr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ uint4 f4_bits(float a, float b, float c, float d) {
+  return make_uint4(__float_as_uint(a), __float_as_uint(b), __float_as_uint(c), __float_as_uint(d));
+}
 
 // Sequence owning row t (attention.cuh's row_owner). Whole-warp call.
 __device__ __forceinline__ int owner_of(const MsaArgs& a, int t, int64_t* eff_b, int64_t* eff_b1) {
@@ -151,7 +210,14 @@ __device__ __forceinline__ int swz(int r, int ch) {
   return r * kRowBytes + ((ch ^ (r & 7)) << 4);
 }
 
-template <typename KV, int kRing = kStages>
+// Work sharing in the loader-warp kernel (kShare): the CTAs of up to kMaxShare consecutive tokens of one kv head form
+// a cluster and take key tiles from each other's lists at run time (see the kernel).
+constexpr int kMaxShare = 4;
+// A victim must have at least this many tiles nobody has claimed yet for a member to take one from it: its last tile
+// taken from it would end no sooner at the taker, which still has its own tiles in flight.
+constexpr int kMinSteal = 2;
+
+template <typename KV, int kRing = kStages, bool kShare = false>
 struct MsaSmem {
   static constexpr int kRowBytes = KvTraits<KV>::kRowBytes;
   static constexpr int kStageBytes = 2 * KvTraits<KV>::kBN * kRowBytes;  // K + V tile
@@ -169,8 +235,22 @@ struct MsaSmem {
   // hence the padding and the extra 1024 bytes for aligning the base.
   static constexpr int kAlign = sizeof(KV) == 1 || kRing == kProdStages ? 1024 : 1;
   static constexpr int kRingOff = (kQBytes + kListBytes + kLutBytes + kAlign - 1) / kAlign * kAlign;
-  static constexpr int kBytesTotal =
-      kRingOff + (kMain > kMergeBytes ? kMain : kMergeBytes) + (kAlign > 1 ? kAlign : 0);
+  static constexpr int kEnd = kRingOff + (kMain > kMergeBytes ? kMain : kMergeBytes);
+  // Work sharing (kShare), after the ring: per cluster rank, a copy of that CTA's Q (for the tiles taken from it;
+  // 1024-aligned like Q, the warpgroup MMA reads it as loaded) and the slot that this CTA's partial of that CTA's
+  // unit lands in, in the owner's memory ([8][kD] unnormalized sums, then [8] (m, l)); the compute warps' merge
+  // scratch ([warps][8][kShareMS] + [warps][8][2]); then ints: the claim word (owner's tiles claimed from the
+  // front << 16 | tiles claimed from the back), the tile count, each rank's (p, kmax), each stage's (key0, unit).
+  static constexpr int kShareMS = kD + 4;
+  static constexpr int kSlotFloats = 8 * kD + 16;
+  static constexpr int kScrFloats = kWarps * 8 * kShareMS + kWarps * 16;
+  static constexpr int kShareOff = (kEnd + 1023) / 1024 * 1024;
+  static constexpr int kSlotsOff = kShareOff + kMaxShare * kQBytes;
+  static constexpr int kScrOff = kSlotsOff + kMaxShare * kSlotFloats * 4;
+  static constexpr int kShIntOff = kScrOff + kScrFloats * 4;
+  static constexpr int kShInts = 2 + 2 * kMaxShare + 2 * kRing;
+  static constexpr int kShareEnd = kShIntOff + kShInts * 4;
+  static constexpr int kBytesTotal = (kShare ? kShareEnd : kEnd) + (kAlign > 1 ? kAlign : 0);
 };
 
 #if defined(MSA_OPS_SM90_WGMMA)
@@ -218,15 +298,25 @@ __device__ __forceinline__ void msa_stamp(int, int = 0) {}
 // kCluster (with kT only): the launch groups each token's split-K partitions into one cluster along z, and they
 // merge here (cluster_merge) instead of in split_k_combine_kernel.
 // kProd (with kT, not kCluster): a fifth warp loads the K/V tiles (kProdStages, kProdAhead above).
-template <typename KV, bool kT, bool kCluster = false, bool kProd = false>
+// kShare (with kProd): the launch groups the CTAs of consecutive tokens of one kv head (blockIdx.x) into clusters
+// of 2..kMaxShare, whose members share their key tiles at run time. Each CTA's loader claims its own tiles from the
+// front of its list, one at a time, through a claim word in its shared memory; once its list is exhausted, it
+// claims the last unclaimed tile of the member with the most left (at least kMinSteal), through that member's
+// word, and loads that tile with that member's Q (copied once) into its own ring. Each stage carries a tag (the
+// tile's first key and whose unit it is), and the compute warps, when the unit changes, merge their partial state
+// (the four warps through shared memory) into the slot that the unit's owner keeps for them, merging with what
+// they put there before. After a cluster barrier each CTA merges its slots into its output. So the members of a
+// cluster end together, at the mean of their work rather than at their slowest's (NOTES_msa v56).
+template <typename KV, bool kT, bool kCluster = false, bool kProd = false, bool kShare = false>
 __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
     msa_attention_kernel(const __grid_constant__ MsaArgs a) {
   static_assert(!kProd || (kT && !kCluster), "the loader warp serves the transposed, unclustered kernel");
+  static_assert(!kShare || kProd, "work sharing is the loader-warp kernel's");
   using T = KvTraits<KV>;
   using PvMma = Mma<typename T::Pv>;
   constexpr int kRing = kProd ? kProdStages : kStages;  // ring stages
   constexpr int kCta = kProd ? kProdThreads : kThreads;  // threads
-  using S = MsaSmem<KV, kRing>;
+  using S = MsaSmem<KV, kRing, kShare>;
   constexpr int kBN = T::kBN;
   constexpr int kRowBytes = T::kRowBytes;
   constexpr int kChunksRow = kRowBytes / 16;  // 16 (bf16) or 8 (fp8)
@@ -253,6 +343,28 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
   int* sMeta = sCount + 4;  // the guessed sequence's cache length, the layer
   int* sLut = reinterpret_cast<int*>(smem + S::kQBytes + S::kListBytes);
   unsigned char* ring = smem + S::kRingOff;
+  // Work sharing (kShare; S above): this CTA's rank and its cluster's size, the members' Q copies, the slots, the
+  // merge scratch, the claim word, the tile count, the ranks' (p, kmax) and the stages' tags.
+  uint32_t crank = 0, csize = 1;
+  if constexpr (kShare) {
+    crank = cluster_rank_and_size(&csize);
+    if (csize > static_cast<uint32_t>(kMaxShare)) __trap();  // (the launch's clusters are of 2 or kMaxShare)
+  }
+  unsigned char* sQf = smem + S::kShareOff;
+  float* sSlots = reinterpret_cast<float*>(smem + S::kSlotsOff);
+  float* sScr = reinterpret_cast<float*>(smem + S::kScrOff);
+  int* sClaim = reinterpret_cast<int*>(smem + S::kShIntOff);
+  int* sN = sClaim + 1;
+  int* sUnit = sClaim + 2;              // [kMaxShare][2]: p (clamped to 2^30), kmax
+  int* sTag = sUnit + 2 * kMaxShare;    // [kRing][2]: key0, unit (-1: the end of the stream)
+  if constexpr (kShare) {  // every slot empty, nothing to claim here until the list is built (before any member reads)
+    for (int i = threadIdx.x; i < kMaxShare * 8; i += kCta) {
+      float* ml = sSlots + (i / 8) * S::kSlotFloats + 8 * kD + (i % 8) * 2;
+      ml[0] = -INFINITY;
+      ml[1] = 0.f;
+    }
+    if (threadIdx.x == 0) *sClaim = 0, *sN = 0;
+  }
 
   // Launched with programmatic dependent launch (launch_pdl): nothing is read before the previous kernel in the
   // stream has completed, and the next one may launch its CTAs (which wait likewise) at once.
@@ -304,7 +416,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
   const uint32_t sFull = smem_addr(smem + S::kBarOff), sEmpty = sFull + 8 * kRing;
   if (kProd && tid == kThreads) {
     for (int st = 0; st < kRing; ++st) {
-      mbar_init(sFull + 8 * st, 32);
+      mbar_init(sFull + 8 * st, kShare ? 33 : 32);  // (kShare: lane 0 arrives once more, with the stage's tag)
       mbar_init(sEmpty + 8 * st, kWarps);
     }
 #if defined(MSA_OPS_SM90_WGMMA)
@@ -320,6 +432,12 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
     if (a.num_partitions <= 1 || (kCluster && part == 0)) {
       __nv_bfloat16* dst = a.out + (static_cast<int64_t>(t) * a.H + static_cast<int64_t>(hkv) * a.group + g0) * kD;
       for (int i = tid; i < rows * kD / 8; i += kCta) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
+    }
+    if constexpr (kShare) {  // nothing to give (no tiles): stay until no member can read this CTA's memory
+      cluster_arrive();
+      cluster_wait();
+      cluster_arrive();
+      cluster_wait();
     }
     return;
   }
@@ -369,7 +487,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
   };
   // Returns whether the loader warp's lanes have arrived on the stage's full barrier themselves (a TMA tile), else
   // they arrive once their copies land (cp_async_mbar_arrive, the caller's).
-  auto load_tile_at = [&](int key0, int page, int stage) {
+  auto load_tile_at = [&](int key0, int page, int stage, int kmax) {
     unsigned char* sK = ring + stage * S::kStageBytes;
     unsigned char* sV = sK + kBN * kRowBytes;
 #if defined(MSA_OPS_SM90_WGMMA)
@@ -423,7 +541,18 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
     }
     return false;
   };
-  auto load_tile = [&](int i, int stage) { return load_tile_at(sTiles[i], sPages[i], stage); };
+  auto load_tile = [&](int i, int stage) { return load_tile_at(sTiles[i], sPages[i], stage, kmax); };
+  // kShare: the tag of the tile just issued into `stage` (its first key and whose unit it is), then lane 0's own
+  // arrival on the stage's full barrier, which publishes the tag with the tile.
+  auto tag_stage = [&](int stage, int key0, int unit) {
+    if constexpr (kShare) {
+      if (lane == 0) {
+        sTag[2 * stage] = key0;
+        sTag[2 * stage + 1] = unit;
+        mbar_arrive(sFull + 8 * stage);
+      }
+    }
+  };
 
   // What the compaction keeps of a slot (repeats aside): an id inside the page table whose block starts before
   // n_keys and at or before p, on a page inside the pool (page: the entry, -1 for an id outside the table); and
@@ -457,9 +586,10 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
       const int key0 = id * kBlock;
       n_early = second_tile(key0) && kEarlyMax >= 2 ? 2 : 1;
       for (int s = 0; s < n_early; ++s) {
-        const bool arrived = load_tile_at(key0 + s * kBN, page, s);
+        const bool arrived = load_tile_at(key0 + s * kBN, page, s, kmax);
         cp_async_commit();
         if (kProd && !arrived) cp_async_mbar_arrive(sFull + 8 * s);
+        tag_stage(s, key0 + s * kBN, static_cast<int>(crank));
       }
     }
   }
@@ -507,9 +637,18 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
       count += __shfl_sync(0xffffffff, pre, 31);
     }
     if (lane == 0) *sCount = count;
+    if constexpr (kShare) {  // the list open to the members: the first n_early tiles are in flight (claimed)
+      if (lane == 0) {
+        *sN = count;
+        *sClaim = n_early << 16;
+        sUnit[2 * crank] = static_cast<int>(imin(p, static_cast<int64_t>(1) << 30));
+        sUnit[2 * crank + 1] = kmax;
+      }
+    }
   }
 
   __syncthreads();  // the tile list
+  if constexpr (kShare) cluster_arrive();  // (phase 0: every member's list, claim word and slots set up)
   msa_stamp(4);
   const int num_tiles = *sCount;
 
@@ -537,6 +676,92 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
       if (lane == 0 && i + kPrefetchTiles < num_tiles) prefetch_block(sPages[i + kPrefetchTiles]);
     }
     msa_stamp(6, kThreads);
+  };
+  // kShare: the loader's stream through the ring, tile `seq` (counted over every unit) into stage seq % kRing as in
+  // run_loader, with its tag; first its own tiles, claimed one at a time from the front of its list, then the
+  // members' (above), then the end of the stream (a tag of unit -1, no copies).
+  auto run_loader_share = [&]() {
+    int seq = n_early;
+    auto issue = [&](int key0, int page, int unit, int kmax_u) {
+      const int st = seq % kRing;
+      if (seq >= kRing) mbar_wait(sEmpty + 8 * st, (seq / kRing - 1) & 1);
+      if (seq >= kProdAhead) wait_landed(seq - kProdAhead);
+      const bool arrived = load_tile_at(key0, page, st, kmax_u);
+      cp_async_commit();
+      if (!arrived) cp_async_mbar_arrive(sFull + 8 * st);
+      tag_stage(st, key0, unit);
+      ++seq;
+    };
+    const uint32_t claim_addr = smem_addr(sClaim);
+    for (;;) {
+      uint32_t old = 0;
+      if (lane == 0) old = atom_add_cluster(claim_addr, 1u << 16);
+      old = __shfl_sync(0xffffffff, old, 0);
+      const int i = static_cast<int>(old >> 16), back = static_cast<int>(old & 0xffff);
+      if (i + back >= num_tiles) break;
+      issue(sTiles[i], sPages[i], static_cast<int>(crank), kmax);
+      if (lane == 0 && i + kPrefetchTiles < num_tiles) prefetch_block(sPages[i + kPrefetchTiles]);
+    }
+    msa_stamp(6, kThreads);
+    __syncwarp();
+    cluster_wait();  // (phase 0) every member's list and claim word are set up
+    uint32_t have_q = 1u << crank;  // the members whose Q and (p, kmax) this CTA holds
+    for (;;) {
+      int left = -1, n_m = 0;
+      if (lane < static_cast<int>(csize) && lane != static_cast<int>(crank)) {
+        const uint32_t w = ld_relaxed_cluster_u32(cluster_addr(claim_addr, lane));
+        n_m = static_cast<int>(ld_relaxed_cluster_u32(cluster_addr(smem_addr(sN), lane)));
+        left = n_m - static_cast<int>(w >> 16) - static_cast<int>(w & 0xffff);
+      }
+      int best = left, who = lane;  // the member with the most tiles left (the lowest rank among equals)
+#pragma unroll
+      for (int d = 1; d < kMaxShare; d <<= 1) {
+        const int b2 = __shfl_xor_sync(0xffffffff, best, d), w2 = __shfl_xor_sync(0xffffffff, who, d);
+        if (b2 > best || (b2 == best && w2 < who)) best = b2, who = w2;
+      }
+      best = __shfl_sync(0xffffffff, best, 0);
+      who = __shfl_sync(0xffffffff, who, 0);
+      if (best < kMinSteal) break;
+      const int n_v = __shfl_sync(0xffffffff, n_m, who);
+      int idx = -1, key0 = 0, page = 0;
+      if (lane == 0) {
+        const uint32_t old = atom_add_cluster(cluster_addr(claim_addr, who), 1u);
+        const int front = static_cast<int>(old >> 16), back = static_cast<int>(old & 0xffff);
+        if (front + back < n_v) {
+          idx = n_v - 1 - back;
+          key0 = static_cast<int>(ld_relaxed_cluster_u32(cluster_addr(smem_addr(sTiles + idx), who)));
+          page = static_cast<int>(ld_relaxed_cluster_u32(cluster_addr(smem_addr(sPages + idx), who)));
+        }
+      }
+      idx = __shfl_sync(0xffffffff, idx, 0);
+      if (idx < 0) continue;  // another member took it first
+      key0 = __shfl_sync(0xffffffff, key0, 0);
+      page = __shfl_sync(0xffffffff, page, 0);
+      if (!(have_q >> who & 1)) {  // the member's 8 Q rows as stored (swizzled), and its (p, kmax)
+        const uint32_t src = smem_addr(sQ);
+        for (int c = lane; c < 8 * kChunksRow; c += 32) {
+          const uint4 v = ld_cluster_u4(cluster_addr(src + 16 * c, who));
+          *reinterpret_cast<uint4*>(sQf + who * S::kQBytes + 16 * c) = v;
+        }
+        if (lane < 2) sUnit[2 * who + lane] =
+            static_cast<int>(ld_relaxed_cluster_u32(cluster_addr(smem_addr(sUnit + 2 * who + lane), who)));
+#if defined(MSA_OPS_SM90_WGMMA)
+        if constexpr (kWg) fence_proxy_async();  // the copy of Q, read by the warpgroup MMA
+#endif
+        __threadfence_block();  // every lane's stores above, before lane 0's arrival with the tile's tag
+        __syncwarp();
+        have_q |= 1u << who;
+      }
+      issue(key0, page, who, sUnit[2 * who + 1]);
+    }
+    // The end of the stream.
+    const int st = seq % kRing;
+    if (seq >= kRing) mbar_wait(sEmpty + 8 * st, (seq / kRing - 1) & 1);
+    if (lane == 0) sTag[2 * st + 1] = -1;
+    __syncwarp();
+    mbar_arrive(sFull + 8 * st);
+    if (lane == 0) mbar_arrive(sFull + 8 * st);
+    cp_async_wait<0>();  // no copy outlives the CTA
   };
   // Both paths below start tile `it` alike: wait for tile `it`, then issue the load kStages-1 tiles ahead (and
   // the prefetch of the tile kPrefetchTiles past that) into the stage of tile it - 1, which every warp has left
@@ -574,15 +799,19 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
     // The first key (within the tile) of the warp's 16-key block kb.
     auto kofs = [&](int kb) { return kWg ? kb * 64 + warp * 16 : key_w0 + kb * 16; };
     uint32_t qb[KS][2];  // Q^T, the B operand: heads 0-7 x the k step's two chunks
+    uint32_t q_addr = smem_addr(sQ);  // (the unit's Q: kShare switches it to a member's copy)
+    auto load_qb = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < KS && !kWg; kk += 2) {
-      uint32_t r[4];
-      ldmatrix_x4(r, smem_addr(sQ + swz<kRowBytes>(lane % 8, kk * 2 + lane / 8)));
-      qb[kk][0] = r[0];
-      qb[kk][1] = r[1];
-      qb[kk + 1][0] = r[2];
-      qb[kk + 1][1] = r[3];
-    }
+      for (int kk = 0; kk < KS && !kWg; kk += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, q_addr + swz<kRowBytes>(lane % 8, kk * 2 + lane / 8));
+        qb[kk][0] = r[0];
+        qb[kk][1] = r[1];
+        qb[kk + 1][0] = r[2];
+        qb[kk + 1][1] = r[3];
+      }
+    };
+    load_qb();
     // O^T: M tile j covers dims 16j..16j+15; bf16 holds dims 16j + g (+ 8), fp8 dims 16j + 2g (+ 1) (dim_of).
     auto dim_of = [&](int j, int e) {
       return std::is_same_v<KV, __nv_bfloat16> ? j * 16 + lane / 4 + (e / 2) * 8 : j * 16 + (lane / 4) * 2 + e / 2;
@@ -593,13 +822,89 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
     const bool loader = kProd && warp == kWarps;
-    if (loader) run_loader();
-    for (int it = 0; it < (loader ? 0 : num_tiles); ++it) {
+    int vis_p = p32, vis_k = kmax;  // the unit's visible keys (kShare: of the unit the tile belongs to)
+    // kShare: the unit of the compute warps' running state, how many tiles it holds, the members whose slots
+    // this CTA has written. flush(): the four warps' states merged (through the scratch) into the unit owner's slot
+    // for this CTA, with what this CTA put there before; the state reset.
+    int cur = static_cast<int>(crank), seg = 0;
+    uint32_t pushed = 0;
+    constexpr int SMS = S::kShareMS;
+    auto flush = [&]() {
+      if constexpr (kShare) {
+        float ls[2] = {l_run[0], l_run[1]};
+        sum_over_lane_groups(ls);
+        float* scr_ml = sScr + kWarps * 8 * SMS;
+        const int r = tid / 16, d0 = (tid % 16) * 8;
+        float* slot = sSlots + crank * S::kSlotFloats;  // (in CTA cur's memory)
+        const bool again = (pushed >> cur & 1) != 0;    // merge with this CTA's earlier partial of the unit
+        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // the scratch's readers before are done
+        // The earlier (m, l) of row r, read by the row's 16 threads before its first thread writes the new one.
+        const float2 old = again && r < rows ? ld_cluster_f2(smem_addr(slot + 8 * kD + 2 * r), cur)
+                                             : make_float2(-INFINITY, 0.f);
+        stash_rows_t<8, SMS>(sScr, scr_ml, warp, lane, o, m_run, ls, dim_of);
+        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // (the compute warps alone)
+        if (r < rows) {
+          float mt, lt, f[kWarps], acc[8];
+          merge_weights<kWarps>(scr_ml, 8, r, &mt, &lt, f);
+          sum_warp_rows<kWarps, 8, SMS>(sScr, r, d0, f, acc);
+          const uint32_t acc_at = cluster_addr(smem_addr(slot + r * kD + d0), cur);
+          const uint32_t ml_at = cluster_addr(smem_addr(slot + 8 * kD + 2 * r), cur);
+          if (again) {
+            const float mn = fmaxf(mt, old.x);
+            const float wn = mt == -INFINITY ? 0.f : exp2f(mt - mn), wo = old.x == -INFINITY ? 0.f : exp2f(old.x - mn);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float4 v = ld_cluster_f4(smem_addr(slot + r * kD + d0 + 4 * h), cur);
+              acc[4 * h] = wn * acc[4 * h] + wo * v.x;
+              acc[4 * h + 1] = wn * acc[4 * h + 1] + wo * v.y;
+              acc[4 * h + 2] = wn * acc[4 * h + 2] + wo * v.z;
+              acc[4 * h + 3] = wn * acc[4 * h + 3] + wo * v.w;
+            }
+            mt = mn;
+            lt = wn * lt + wo * old.y;
+          }
+          st_cluster_u4(acc_at, f4_bits(acc[0], acc[1], acc[2], acc[3]));
+          st_cluster_u4(acc_at + 16, f4_bits(acc[4], acc[5], acc[6], acc[7]));
+          if (tid % 16 == 0) {
+            uint32_t ml2[2] = {__float_as_uint(mt), __float_as_uint(lt)};
+            asm volatile("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(ml_at), "r"(ml2[0]), "r"(ml2[1])
+                         : "memory");
+          }
+        }
+        pushed |= 1u << cur;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+        m_run[0] = m_run[1] = -INFINITY;
+        l_run[0] = l_run[1] = 0.f;
+      }
+    };
+    if (loader) {
+      if constexpr (kShare) run_loader_share();
+      else run_loader();
+    }
+    for (int it = 0; !loader && (kShare || it < num_tiles); ++it) {
       const unsigned char* sK = await_tile(it);
       if (it == 0) msa_stamp(5);
       if (!kProd && it == num_tiles - 1) msa_stamp(6);
       const unsigned char* sV = sK + kBN * kRowBytes;
-      const int key0 = sTiles[it];
+      int key0;
+      if constexpr (kShare) {
+        key0 = sTag[2 * (it % kRing)];
+        const int unit = sTag[2 * (it % kRing) + 1];
+        if (unit < 0) break;  // the end of the stream
+        if (unit != cur) {    // a member's tiles from here: this unit's state goes to its slot
+          if (seg > 0) flush();
+          cur = unit;
+          seg = 0;
+          vis_p = sUnit[2 * unit];
+          vis_k = sUnit[2 * unit + 1];
+          q_addr = unit == static_cast<int>(crank) ? smem_addr(sQ) : smem_addr(sQf + unit * S::kQBytes);
+          load_qb();
+        }
+        ++seg;
+      } else {
+        key0 = sTiles[it];
+      }
 
       float s[NK][4];
 #pragma unroll
@@ -614,7 +919,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
 #pragma unroll
           for (int kk = 0; kk < KS; ++kk) {
             const uint64_t da = wgmma_desc(smem_addr(sK) + kb * 64 * kRowBytes + kk * 32, 16, 1024);
-            const uint64_t db = wgmma_desc(smem_addr(sQ) + kk * 32, 16, 1024);
+            const uint64_t db = wgmma_desc(q_addr + kk * 32, 16, 1024);
             wgmma_ss_n8_e4m3(s[kb], da, db, kk > 0 ? 1 : 0);
           }
         }
@@ -641,7 +946,7 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + kofs(kb) + lane / 4 + (e / 2) * 8;
-          const bool vis = key <= p32 && key < kmax;
+          const bool vis = key <= vis_p && key < vis_k;
           s[kb][e] = vis ? s[kb][e] * sl2 : -INFINITY;
           m_new[e % 2] = fmaxf(m_new[e % 2], s[kb][e]);
         }
@@ -686,6 +991,50 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
         __syncwarp();
         if (lane == 0) mbar_arrive(sEmpty + 8 * (it % kRing));
       }
+    }
+    if constexpr (kShare) {
+      if (!loader && seg > 0) flush();
+      msa_stamp(7);
+      __syncwarp();
+      if (!loader) cluster_wait();  // (phase 0; the loader waited for it before taking tiles)
+      cluster_arrive();
+      cluster_wait();  // (phase 1) every member's partials are in the slots; no member reads another's memory after
+      msa_stamp(8);
+      const int r = tid / 16, d0 = (tid % 16) * 8;
+      if (loader || r >= rows) return;
+      float mx = -INFINITY;
+      for (int q = 0; q < static_cast<int>(csize); ++q) {
+        const float* ml = sSlots + q * S::kSlotFloats + 8 * kD + 2 * r;
+        if (ml[1] > 0.f) mx = fmaxf(mx, ml[0]);
+      }
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, lt = 0.f;
+      for (int q = 0; q < static_cast<int>(csize) && mx != -INFINITY; ++q) {
+        const float* slot = sSlots + q * S::kSlotFloats;
+        const float mq = slot[8 * kD + 2 * r], lq = slot[8 * kD + 2 * r + 1];
+        if (!(lq > 0.f)) continue;  // (a slot nobody wrote holds no sums)
+        const float w = exp2f(mq - mx);
+        lt += w * lq;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] += w * slot[r * kD + d0 + j];
+      }
+      const int64_t h = static_cast<int64_t>(hkv) * a.group + r;
+      const bool any = lt > 0.f;
+      const float inv = any ? 1.f / lt : 0.f;
+      if (a.num_partitions <= 1) {
+        uint32_t pk[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pk[j] = Mma<__nv_bfloat16>::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+        *reinterpret_cast<uint4*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + d0) =
+            make_uint4(pk[0], pk[1], pk[2], pk[3]);
+      } else {
+        const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
+        float4* dst = reinterpret_cast<float4*>(a.ws_o + wr * kD + d0);
+        dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+        dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+        if (tid % 16 == 0) a.ws_lse[wr] = any ? mx + log2f(lt) : -INFINITY;
+      }
+      msa_stamp(9);
+      return;
     }
     cp_async_wait<0>();
     msa_stamp(7);
@@ -927,6 +1276,59 @@ bool loader_warp_enabled() {
   return on;
 }
 
+// The work-sharing cluster size for a loader-warp launch of `grid` (kShare): the largest of kMaxShare, 2 that
+// divides the tokens (grid.x) and whose clusters the GPU holds all at once (one CTA an SM: the grid must stay one
+// wave), else 0 (the kernel without sharing). MSA_OPS_MSA_SHARE (read once) sets the largest size tried: 2 or 4
+// (3 reads as 2); unset or 0, sharing is off (kShareDefault). Kept per (device, kernel, size).
+constexpr int kShareDefault = 0;
+template <typename Kernel>
+int share_cluster_size(Kernel kernel, dim3 grid, int smem) {
+  static const int cap = [] {
+    const char* env = std::getenv("MSA_OPS_MSA_SHARE");
+    if (env == nullptr || env[0] == '\0') return kShareDefault;
+    const int v = std::atoi(env);
+    return v >= kMaxShare ? kMaxShare : v >= 2 ? 2 : 0;
+  }();
+  int dev = 0, major = 0;
+  cudaFuncAttributes fa{};
+  // (the cluster instructions need the kernel's code compiled for 9.0+, not a JIT of an older target's)
+  if (cap < 2 || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 9 ||
+      cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || fa.ptxVersion < 90 || fa.binaryVersion < 90) {
+    cudaGetLastError();
+    return 0;
+  }
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int>, int> known;  // clusters of the size the GPU holds at once
+  const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  for (int c = cap; c >= 2; c /= 2) {
+    if (grid.x % c != 0) continue;
+    int clusters = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), c);
+      if (auto it = known.find(key); it != known.end()) {
+        clusters = it->second;
+      } else {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        cudaLaunchAttribute attr[1] = {};
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = static_cast<unsigned>(c);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        const cudaLaunchConfig_t cfg = cluster_launch_config(dim3(c, 1, 1), dim3(kProdThreads), smem, nullptr, attr);
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+          cudaGetLastError();
+          clusters = 0;
+        }
+        known[key] = clusters;
+      }
+    }
+    if (static_cast<int64_t>(clusters) * c >= ctas) return c;
+  }
+  return 0;
+}
+
 template <typename KV>
 Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
   using S = MsaSmem<KV>;
@@ -990,7 +1392,25 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
             kD * sizeof(KV) <= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
         if (make_sm90_kv<KV, kD>(a, &t, kBN, promo) && t.box_rows == kBN) m2.kv_map = t.k, m2.kv_tma = 1;
       }
-      launch_pdl(kernel, grid, dim3(prod ? kProdThreads : kThreads), smem, stream, m2);
+      // Work sharing within clusters of consecutive tokens (kShare), where the GPU holds them in one wave.
+      auto share_kernel = msa_attention_kernel<KV, true, false, true, true>;
+      constexpr int kShareSmem = MsaSmem<KV, kProdStages, true>::kBytesTotal;
+      const int share = prod ? share_cluster_size(share_kernel, grid, kShareSmem) : 0;
+      if (share >= 2) {
+        note_launch(kLaunchMsaDecodeShare);
+        cudaFuncSetAttribute(share_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShareSmem);
+        cudaLaunchAttribute attr[2] = {{}, pdl_attr()};
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = static_cast<unsigned>(share);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        const bool pdl = pdl_enabled(reinterpret_cast<const void*>(share_kernel));
+        const cudaLaunchConfig_t cfg =
+            cluster_launch_config(grid, dim3(kProdThreads), kShareSmem, stream, attr, pdl ? 2 : 1);
+        cudaLaunchKernelEx(&cfg, share_kernel, m2);
+      } else {
+        launch_pdl(kernel, grid, dim3(prod ? kProdThreads : kThreads), smem, stream, m2);
+      }
     }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
       return Error::Internal(std::string(target) + ": kernel launch failed: " + cudaGetErrorString(e));
