@@ -33,11 +33,12 @@ def main():
     ap.add_argument("--num-partitions", type=int, default=0, help="split-K partitions (0: the ladder's choice)")
     ap.add_argument("--topk", default="16,64", help="comma list of the topk points to run")
     ap.add_argument("--step", action="store_true", help="also fifty calls a run (gpu_msa.py's second measure)")
+    ap.add_argument("--caches", default="32768,131072", help="comma list of the cache lengths to run")
     args = ap.parse_args()
     npart = args.num_partitions
     rng = np.random.default_rng(0)
     out = []
-    for cache in (32768, 131072):
+    for cache in [int(x) for x in args.caches.split(",")]:
         kv16, kv8, lut, offs, cl, q16, q8 = decode_case(cache, rng)
         cud = cudnn_dense_gbs(q16, cache)
         if args.step:
