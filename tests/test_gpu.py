@@ -1160,8 +1160,8 @@ def test_cuda_graph_msa_chain_same_results():
     time. With it the MSA decode kernel may start before the kernel ahead of it ends, so a read before that
     kernel's writes are visible would show here as a difference. bf16 runs the one-partition kernel, its calls
     back to back (the output is the next q as it is); fp8 at topk 64 the two-partition cluster, with a conversion
-    kernel between the calls. These three run without work sharing (MSA_OPS_MSA_SHARE=0), whose bits may differ from
-    call to call; a fourth run with it, PDL on and in a captured graph, must agree with them within the budget."""
+    kernel between the calls. These three run without work sharing (MSA_OPS_MSA_SHARE=0; with it the bits may differ
+    from call to call); a fourth run with it, PDL on and in a captured graph, must agree with them within the budget."""
     import os
     import subprocess
     import sys
