@@ -643,10 +643,20 @@ __device__ __forceinline__ void merge_weights(const float* ml, int rows, int r, 
 // shared memory, 16-byte aligned, that nothing else uses now. Chunk c of row r is finished by the CTA of rank
 // c % partitions: it returns true with the normalized output in res (zeros when no partition saw a key),
 // sink_log2 (the sink logit in log2 units, or -inf) counted once in the denominator.
-__device__ __forceinline__ void cluster_barrier() {
+// A cluster barrier, whole or in its two halves (all threads of a warp together); no-ops before sm_90.
+__device__ __forceinline__ void cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_barrier() {
+  cluster_arrive();
+  cluster_wait();
 }
 __device__ __forceinline__ uint32_t cluster_rank_and_size(uint32_t* size) {
   uint32_t rank = 0, n = 1;
@@ -657,12 +667,19 @@ __device__ __forceinline__ uint32_t cluster_rank_and_size(uint32_t* size) {
   *size = n;
   return rank;
 }
+// The shared::cluster address of the shared memory of cluster CTA `rank` at the address `addr` has in this CTA's.
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, uint32_t rank) {
+  uint32_t remote = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+#endif
+  return remote;
+}
 // A float4 / float2 of the shared memory of cluster CTA `rank`, at the address `addr` has in this CTA's.
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  const uint32_t remote = cluster_addr(addr, rank);
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(remote)
@@ -673,8 +690,7 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
 __device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr, uint32_t rank) {
   float2 v = make_float2(0.f, 0.f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  const uint32_t remote = cluster_addr(addr, rank);
   asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
 #endif
   return v;
@@ -736,16 +752,17 @@ __device__ __forceinline__ bool cluster_merge(float* xchg, int r, int c, float m
   return mine;
 }
 
-// Host: the launch attribute for clusters of cz CTAs along z, and a launch configuration carrying it (`attr`
-// must outlive the configuration).
-inline cudaLaunchAttribute cluster_z_attr(int cz) {
+// Host: the launch attribute for clusters of cx x cy x cz CTAs (cluster_z_attr: cz along z), and a launch
+// configuration carrying it (`attr` must outlive the configuration).
+inline cudaLaunchAttribute cluster_attr(int cx, int cy, int cz) {
   cudaLaunchAttribute at{};
   at.id = cudaLaunchAttributeClusterDimension;
-  at.val.clusterDim.x = 1;
-  at.val.clusterDim.y = 1;
+  at.val.clusterDim.x = static_cast<unsigned>(cx);
+  at.val.clusterDim.y = static_cast<unsigned>(cy);
   at.val.clusterDim.z = static_cast<unsigned>(cz);
   return at;
 }
+inline cudaLaunchAttribute cluster_z_attr(int cz) { return cluster_attr(1, 1, cz); }
 inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                                 cudaLaunchAttribute* attr, int num_attrs = 1) {
   cudaLaunchConfig_t cfg = {};
@@ -806,19 +823,9 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Host: whether a launch of `kernel` asks for it: MSA_OPS_PDL is not 0 / off / false / no (read once), the current
-// device has compute capability 9.0+, and the kernel's code was compiled for 9.0+ (a build for older targets that
-// the driver compiles for this GPU lacks the griddepcontrol instructions: launched so, it would not wait). Kept
-// per (device, kernel).
-inline bool pdl_enabled(const void* kernel) {
-  static const bool allowed = [] {
-    const char* env = std::getenv("MSA_OPS_PDL");
-    if (env == nullptr) return true;
-    for (const char* off : {"0", "off", "false", "no"})
-      if (std::strcmp(env, off) == 0) return false;
-    return true;
-  }();
-  if (!allowed) return false;
+// Host: whether the current device has compute capability 9.0+ and `kernel`'s code was compiled for 9.0+ (so its
+// sm_90 instructions, griddepcontrol or the cluster ones, are there). Kept per (device, kernel).
+inline bool runs_sm90_code(const void* kernel) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
@@ -836,6 +843,20 @@ inline bool pdl_enabled(const void* kernel) {
   if (!ok) cudaGetLastError();  // a failed query leaves no sticky error behind
   known[key] = ok;
   return ok;
+}
+// Host: whether a launch of `kernel` asks for it: MSA_OPS_PDL is not 0 / off / false / no (read once), the current
+// device has compute capability 9.0+, and the kernel's code was compiled for 9.0+ (a build for older targets that
+// the driver compiles for this GPU lacks the griddepcontrol instructions: launched so, it would not wait). Kept
+// per (device, kernel).
+inline bool pdl_enabled(const void* kernel) {
+  static const bool allowed = [] {
+    const char* env = std::getenv("MSA_OPS_PDL");
+    if (env == nullptr) return true;
+    for (const char* off : {"0", "off", "false", "no"})
+      if (std::strcmp(env, off) == 0) return false;
+    return true;
+  }();
+  return allowed && runs_sm90_code(kernel);
 }
 inline cudaLaunchAttribute pdl_attr() {
   cudaLaunchAttribute at{};

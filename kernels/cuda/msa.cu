@@ -73,27 +73,9 @@ struct MsaArgs {
   int kv_tma;
 };
 
-// Work sharing's cluster operations (sm_90+; no-ops before): the two halves of a cluster barrier (all threads of a
-// warp together), and 32-bit / 128-bit accesses to the shared memory of cluster CTA `rank` at the address `addr`
-// has in this CTA's (the atomic is relaxed at cluster scope, so the owner's and the other members' claims on one
-// word are atomic with each other).
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, uint32_t rank) {
-  uint32_t remote = addr;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-#endif
-  return remote;
-}
+// Work sharing's accesses to the shared memory of another cluster CTA, at a shared::cluster address (cluster_addr,
+// attention.cuh; sm_90+, a trap or no-op before): 32-bit and 128-bit ones, the atomic relaxed at cluster scope so
+// that the owner's and the other members' claims on one word are atomic with each other.
 __device__ __forceinline__ uint32_t atom_add_cluster(uint32_t raddr, uint32_t v) {
   uint32_t old = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -992,6 +974,31 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
         if (lane == 0) mbar_arrive(sEmpty + 8 * (it % kRing));
       }
     }
+    // Thread tid finishes head r = tid / 16, dims d0 = (tid % 16) * 8 onwards: store_out writes them to the output
+    // (bf16 for both KV dtypes, times `scale`); store_row, from the unnormalized sums and their (m, l), writes the
+    // output row or, split, the workspace's normalized partial and its lse.
+    const int r = tid / 16, d0 = (tid % 16) * 8;
+    const int64_t h = static_cast<int64_t>(hkv) * a.group + r;
+    auto store_out = [&](const float* v, float scale) {
+      uint32_t pk[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pk[j] = Mma<__nv_bfloat16>::pack(v[2 * j] * scale, v[2 * j + 1] * scale);
+      *reinterpret_cast<uint4*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + d0) =
+          make_uint4(pk[0], pk[1], pk[2], pk[3]);
+    };
+    auto store_row = [&](const float* acc, float mt, float lt) {
+      const bool any = lt > 0.f;
+      const float inv = any ? 1.f / lt : 0.f;
+      if (a.num_partitions <= 1) {
+        store_out(acc, inv);
+        return;
+      }
+      const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
+      float4* dst = reinterpret_cast<float4*>(a.ws_o + wr * kD + d0);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (tid % 16 == 0) a.ws_lse[wr] = any ? mt + log2f(lt) : -INFINITY;
+    };
     if constexpr (kShare) {
       if (!loader && seg > 0) flush();
       msa_stamp(7);
@@ -1000,7 +1007,6 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
       cluster_arrive();
       cluster_wait();  // (phase 1) every member's partials are in the slots; no member reads another's memory after
       msa_stamp(8);
-      const int r = tid / 16, d0 = (tid % 16) * 8;
       if (loader || r >= rows) return;
       float mx = -INFINITY;
       for (int q = 0; q < static_cast<int>(csize); ++q) {
@@ -1017,30 +1023,14 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[j] += w * slot[r * kD + d0 + j];
       }
-      const int64_t h = static_cast<int64_t>(hkv) * a.group + r;
-      const bool any = lt > 0.f;
-      const float inv = any ? 1.f / lt : 0.f;
-      if (a.num_partitions <= 1) {
-        uint32_t pk[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) pk[j] = Mma<__nv_bfloat16>::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
-        *reinterpret_cast<uint4*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + d0) =
-            make_uint4(pk[0], pk[1], pk[2], pk[3]);
-      } else {
-        const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
-        float4* dst = reinterpret_cast<float4*>(a.ws_o + wr * kD + d0);
-        dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
-        dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-        if (tid % 16 == 0) a.ws_lse[wr] = any ? mx + log2f(lt) : -INFINITY;
-      }
+      store_row(acc, mx, lt);
       msa_stamp(9);
       return;
     }
     cp_async_wait<0>();
     msa_stamp(7);
 
-    // Head sums across g; the four warps merge through shared memory, and thread tid finishes head tid / 16,
-    // dims (tid % 16) * 8 onwards.
+    // Head sums across g; the four warps merge through shared memory, and thread tid finishes row r, dims d0 on.
     sum_over_lane_groups(l_run);
     __syncthreads();
     msa_stamp(8);
@@ -1049,37 +1039,20 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
     float* ml = mo + kWarps * 8 * MS;           // [warps][8][2] (m, l)
     if (!loader) stash_rows_t<8, MS>(mo, ml, warp, lane, o, m_run, l_run, dim_of);
     __syncthreads();
-    const int r = tid / 16, d0 = (tid % 16) * 8;
     const bool live = r < rows;  // (false for the loader warp: rows <= 8)
     if (!live && !kCluster) return;  // (every thread of a cluster reaches its barriers)
     float mt, lt, f[kWarps];
     merge_weights<kWarps>(ml, 8, r, &mt, &lt, f);
     float acc[8];
     sum_warp_rows<kWarps, 8, MS>(mo, r, d0, f, acc);
-    const int64_t h = static_cast<int64_t>(hkv) * a.group + r;
-    const bool any = lt > 0.f;
-    const float inv = any ? 1.f / lt : 0.f;
-    auto store_out = [&](const float* v, float scale) {
-      uint32_t pk[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) pk[j] = Mma<__nv_bfloat16>::pack(v[2 * j] * scale, v[2 * j + 1] * scale);
-      *reinterpret_cast<uint4*>(a.out + (static_cast<int64_t>(t) * a.H + h) * kD + d0) =
-          make_uint4(pk[0], pk[1], pk[2], pk[3]);  // the output is bf16 for both KV dtypes
-    };
     if constexpr (kCluster) {  // the token's partitions are one cluster: merge them here
       static_assert((kWarps * 8 * MS + kWarps * 16 + kClusterXchgFloats(8)) * 4 <= S::kMergeBytes,
                     "merge scratch within the merge area");
       if (!live) mt = -INFINITY, lt = 0.f;
       float res[8];
       if (cluster_merge<8>(ml + kWarps * 16, r, tid % 16, mt, lt, acc, -INFINITY, res) && live) store_out(res, 1.f);
-    } else if (a.num_partitions <= 1) {
-      store_out(acc, inv);
     } else {
-      const int64_t wr = (static_cast<int64_t>(part) * a.T + t) * a.H + h;
-      float4* dst = reinterpret_cast<float4*>(a.ws_o + wr * kD + d0);
-      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
-      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-      if (tid % 16 == 0) a.ws_lse[wr] = any ? mt + log2f(lt) : -INFINITY;
+      store_row(acc, mt, lt);
     }
     msa_stamp(9);
   } else {
@@ -1289,12 +1262,9 @@ int share_cluster_size(Kernel kernel, dim3 grid, int smem) {
     const int v = std::atoi(env);
     return v >= kMaxShare ? kMaxShare : v >= 2 ? 2 : 0;
   }();
-  int dev = 0, major = 0;
-  cudaFuncAttributes fa{};
-  // (the cluster instructions need the kernel's code compiled for 9.0+, not a JIT of an older target's)
-  if (cap < 2 || cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 9 ||
-      cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || fa.ptxVersion < 90 || fa.binaryVersion < 90) {
+  int dev = 0;
+  if (cap < 2 || !runs_sm90_code(reinterpret_cast<const void*>(kernel))) return 0;  // (its cluster instructions)
+  if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -1311,11 +1281,7 @@ int share_cluster_size(Kernel kernel, dim3 grid, int smem) {
         clusters = it->second;
       } else {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        cudaLaunchAttribute attr[1] = {};
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = static_cast<unsigned>(c);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
+        cudaLaunchAttribute attr[1] = {cluster_attr(c, 1, 1)};
         const cudaLaunchConfig_t cfg = cluster_launch_config(dim3(c, 1, 1), dim3(kProdThreads), smem, nullptr, attr);
         if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
           cudaGetLastError();
@@ -1399,11 +1365,7 @@ Error launch(cudaStream_t stream, const MsaArgs& m, const char* target) {
       if (share >= 2) {
         note_launch(kLaunchMsaDecodeShare);
         cudaFuncSetAttribute(share_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShareSmem);
-        cudaLaunchAttribute attr[2] = {{}, pdl_attr()};
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = static_cast<unsigned>(share);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
+        cudaLaunchAttribute attr[2] = {cluster_attr(share, 1, 1), pdl_attr()};
         const bool pdl = pdl_enabled(reinterpret_cast<const void*>(share_kernel));
         const cudaLaunchConfig_t cfg =
             cluster_launch_config(grid, dim3(kProdThreads), kShareSmem, stream, attr, pdl ? 2 : 1);
