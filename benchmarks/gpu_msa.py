@@ -194,12 +194,6 @@ def cudnn_dense_pair(q16, cache, **step_kw):
     return graph_timer(cud, args), graph_timer(cud, args, n=STEP_CALLS, **step_kw), nbytes
 
 
-def cudnn_dense_gbs(q16, cache):
-    """cuDNN's dense decode bandwidth at the same shape, timed once (scripts/probe_msa_decode_ab.py)."""
-    timer, nbytes = cudnn_dense(q16, cache)
-    return nbytes / timer() / 1e9
-
-
 def draw_ids(rng, mp, topk, b=B, hkv=HKV):
     """Per (sequence, kv head): the newest block and topk - 1 random earlier ones, int32 [b, hkv, topk] (numpy)."""
     ids = np.stack([np.sort(rng.choice(mp - 1, topk - 1, replace=False)) for _ in range(b * hkv)])
