@@ -1252,7 +1252,8 @@ bool loader_warp_enabled() {
 // The work-sharing cluster size for a loader-warp launch of `grid` (kShare): the largest of kMaxShare, 2 that
 // divides the tokens (grid.x) and whose clusters the GPU holds all at once (one CTA an SM: the grid must stay one
 // wave), else 0 (the kernel without sharing). MSA_OPS_MSA_SHARE (read once) sets the largest size tried: 2 or 4
-// (3 reads as 2); unset or 0, sharing is off (kShareDefault). Kept per (device, kernel, size).
+// (3 reads as 2); unset or 0, sharing is off (kShareDefault: on an H200 it read 2.1-2.8 us a topk-16 call slower
+// than the kernel without it, benchmarks/NOTES_msa.md v57). Kept per (device, kernel, size).
 constexpr int kShareDefault = 0;
 template <typename Kernel>
 int share_cluster_size(Kernel kernel, dim3 grid, int smem) {
