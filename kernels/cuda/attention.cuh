@@ -675,17 +675,21 @@ __device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, uint32_t rank) {
 #endif
   return remote;
 }
-// A float4 / float2 of the shared memory of cluster CTA `rank`, at the address `addr` has in this CTA's.
-__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+// 16 bytes at the shared::cluster address `raddr` (cluster_addr); zeros before sm_90.
+__device__ __forceinline__ uint4 ld_cluster_u4(uint32_t raddr) {
+  uint4 v = make_uint4(0, 0, 0, 0);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t remote = cluster_addr(addr, rank);
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(raddr)
                : "memory");
 #endif
   return v;
+}
+// A float4 / float2 of the shared memory of cluster CTA `rank`, at the address `addr` has in this CTA's.
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
+  const uint4 v = ld_cluster_u4(cluster_addr(addr, rank));
+  return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
 }
 __device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr, uint32_t rank) {
   float2 v = make_float2(0.f, 0.f);

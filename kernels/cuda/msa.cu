@@ -74,8 +74,9 @@ struct MsaArgs {
 };
 
 // Work sharing's accesses to the shared memory of another cluster CTA, at a shared::cluster address (cluster_addr,
-// attention.cuh; sm_90+, a trap or no-op before): 32-bit and 128-bit ones, the atomic relaxed at cluster scope so
-// that the owner's and the other members' claims on one word are atomic with each other.
+// attention.cuh; sm_90+, a trap or no-op before), beside attention.cuh's ld_cluster_u4: a 32-bit load, a 128-bit
+// store, and the atomic, relaxed at cluster scope so that the owner's and the other members' claims on one word are
+// atomic with each other.
 __device__ __forceinline__ uint32_t atom_add_cluster(uint32_t raddr, uint32_t v) {
   uint32_t old = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -89,16 +90,6 @@ __device__ __forceinline__ uint32_t ld_relaxed_cluster_u32(uint32_t raddr) {
   uint32_t v = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("ld.relaxed.cluster.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(raddr) : "memory");
-#endif
-  return v;
-}
-__device__ __forceinline__ uint4 ld_cluster_u4(uint32_t raddr) {
-  uint4 v = make_uint4(0, 0, 0, 0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(raddr)
-               : "memory");
 #endif
   return v;
 }
