@@ -106,7 +106,7 @@ for b in ${BENCH_GLOB:-benchmarks/gpu_*.py}; do
 done
 SANITIZE_K=${SANITIZE_K:-"store and 0-prefill or row_offsets or bad_values or padded_paged or ws_prefill_many \
 or many_sequences and wgmma_ws or many_sequences and wgmma_pair or item_order or head_dim_256_other \
-or 8_row_tiles_bad_pages"}
+or 8_row_tiles_bad_pages or fetch_past_2_31 or later_tokens_nan"}
 want sanitizer && step sanitizer timeout 400 compute-sanitizer --tool memcheck --error-exitcode 7 $PY -m pytest -m gpu -q \
   -p no:cacheprovider tests/test_gpu.py -k "$SANITIZE_K"
 # Direct FFI calls with buffers out of contract, each buffer its own allocation so that an access past one shows.

@@ -1011,6 +1011,26 @@ def test_cuda_mha_positions_near_2_31(kernel, monkeypatch):
             max_prompt_length=1024))(q, np.array([0, 256], np.int32), kv, cl, lut, 0))
 
 
+@pytest.mark.parametrize("page,max_pages,t,group", [(16, 2**27 - 1, 1, 4), (64, 2**25 - 1, 22, 6),
+                                                     (48, (2**31 - 64) // 48, 1, 4)])
+def test_cuda_mha_page_table_fetch_past_2_31(page, max_pages, t, group):
+    """Page tables whose last tile ends at 2^31 keys: pages of 16 and 64 (not multiples of the key tile's 128 keys on
+    sm_90's tiles) and 48 (no power of two) with max_pages * page_size just under 2^31 and the cache full to it, a
+    sliding window keeping the key range to its last tiles. The loaders read the page-table entry of the tile after
+    the one they load; that tile starts at 2^31, and as an int32 key it wrapped negative and read the table 512 MB
+    before its row (compute-sanitizer's selection holds this test). Every page is missing, so the output is 0."""
+    rng = np.random.default_rng(page)
+    kv = rand(rng, (2, 2, 1, page, 2, 128), jnp.bfloat16)
+    s_max = page * max_pages
+    cl = np.array([s_max - t], np.int32)
+    lut = jnp.full((1, max_pages), -1, jnp.int32)
+    q = rand(rng, (t, 2 * group, 128), jnp.bfloat16)
+    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="sliding_window_causal", local_window_size=64,
+                                                      implementation="native"))(
+        q, np.array([0, t], np.int32), kv, cl, lut, 0)
+    assert np.all(np.asarray(got, np.float32) == 0)
+
+
 def chunk_past_2_30_case(rng, t):
     """A chunked-causal call whose window, 2^30 + 1000, lies past 2^30, with its query rows just past one chunk
     boundary: row i of the one sequence is at W + 50 + i and sees keys [W, W + 50 + i]. Every page from 2^30 - 256 to
@@ -1239,6 +1259,35 @@ def test_cuda_msa_matches_oracle(dtype, scenario, group, topk, np_):
                   static_argnums=2)(*args)
     want = oracle.msa_attention_ragged_paged(*args)
     assert_close(got, want, budget_for(dtype))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("scenario,np_", [("spec", 0), ("spec", 2), ("prefill", 2), ("mixed", 3)])
+def test_cuda_msa_later_tokens_nan(dtype, scenario, np_):
+    """NaN in K and V of each sequence's last new token, a key that only that token's rows see: every other row
+    equals the float64 oracle (docs/SEMANTICS.md §5: a key a row does not see adds nothing to it, not even as
+    0 * NaN). Each token selects the block holding that key, so the key lies in a tile of every row of the
+    sequence; the per-token kernel (speculative decode, and the prefill route when it splits) reads no key past its
+    token's position."""
+    rng = np.random.default_rng(len(scenario) + 10 * np_)
+    batch, cache, q, ids = _msa_case(rng, scenario, 4, 6, dtype)
+    kv = np.array(cache.kv_blocks)
+    last = np.zeros(batch.T, bool)  # the rows that see a NaN key
+    offs = np.minimum(np.maximum.accumulate(batch.offsets), batch.T)
+    for b, (c, m) in enumerate(zip(batch.cache, batch.n)):
+        if m == 0:
+            continue
+        key = c + m - 1
+        kv[cache.lut[b, key // 128], :, 1, key % 128] = np.nan
+        last[offs[b] + m - 1] = True
+        ids[:, offs[b]:offs[b] + m, 0] = key // 128
+    args = (q, batch.offsets, None, kv, batch.cache_lengths, cache.lut, 1, ids)
+    got = np.asarray(jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_,
+                                                                         implementation="native"),
+                             static_argnums=2)(*args), np.float32)
+    want = np.asarray(oracle.msa_attention_ragged_paged(*args), np.float64)
+    assert np.isfinite(got[~last]).all(), np.nonzero(~np.isfinite(got).all(axis=(1, 2)))
+    assert_close(got[~last], want[~last], budget_for(dtype))
 
 
 def test_cuda_msa_loader_warp_same_bits():

@@ -1082,16 +1082,17 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   const int small_row0 = my_row * NPASS;
   auto fetch_pages = [&](int tile) {
     int32_t p = -1;
+    // (int64: the tile one past the last, which the prologue and loop fetch ahead, may start at 2^31 or past it.)
     if constexpr (kPages == kPagesSmall) {
-      const int key = tile * BN + small_row0;
+      const int64_t key = static_cast<int64_t>(tile) * BN + small_row0;
       if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
     } else if (tile_one_page) {
-      const int key = tile * BN;
+      const int64_t key = static_cast<int64_t>(tile) * BN;
       if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
     } else if (kShuffledPages && a.kv_mode == kKvPaged) {
       const int lane_ = tid % 32;
       const int r_local = lane_ % kRowsPerWarp, pass = lane_ / kRowsPerWarp;  // lane -> (row, pass)
-      const int key = tile * BN + (tid / 32) * kRowsPerWarp + r_local + pass * RSTEP;
+      const int64_t key = static_cast<int64_t>(tile) * BN + (tid / 32) * kRowsPerWarp + r_local + pass * RSTEP;
       if (pass < NPASS && key < kmax && layer_ok)
         p = __ldg(lut_row + (a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size));
     }

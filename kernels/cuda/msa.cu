@@ -427,7 +427,10 @@ __global__ void __launch_bounds__(kProd ? kProdThreads : kThreads)
   const int64_t c = iclamp(guessed ? sMeta[0] : cl_mem, 0, s_max);
   const int64_t p = c + (t - e0);
   const int64_t n_keys = c + (e1 - e0);
-  const int kmax = static_cast<int>(imin(n_keys, s_max));
+  // Every row of the CTA is this token's (one position), so no key past p is visible to any of them: the tiles hold
+  // keys below kmax and zero-fill the rest, and a later token's V (in speculative decode and the per-token prefill
+  // route) never meets a zero weight here (SEMANTICS.md §5: not even as 0 * NaN).
+  const int kmax = static_cast<int>(imin(imin(n_keys, p + 1), s_max));
   const int layer = sMeta[1];
   const bool layer_ok = layer >= 0 && layer < a.num_layers;
 
