@@ -1785,3 +1785,15 @@ def test_cuda_vmap_folds(name, kw):
     import test_vmap
 
     getattr(test_vmap, name)("native", **kw)
+
+
+@pytest.mark.parametrize("case", ["overflow", "signed_zero"])
+def test_cuda_indexer_score_edges(case):
+    """test_semantics_indexer's score edges on the CUDA indexer: an eligible block scoring -inf still ranks above
+    the blocks that are not eligible, and scores of -0 and +0 tie (the lower id first)."""
+    import test_semantics_indexer as tsi
+
+    if case == "overflow":
+        tsi.test_indexer_scores_past_f32_range_still_rank("native")
+    else:
+        tsi.test_indexer_signed_zero_scores_tie("native")

@@ -109,3 +109,29 @@ def test_indexer_topk_past_table_and_all_eligible(impl, topk):
     for t, w in enumerate(want_rows):
         for h in range(Hi):
             assert got[h, t].tolist() == w + [-1] * (topk - len(w)), (t, h, got[h, t])
+
+
+def _three_blocks(k_vals, q_val, dtype=F32):
+    """One row at the end of three 128-key blocks of one page each, every key of block j equal to k_vals[j] in each of
+    its 8 dims, q equal to q_val: the blocks' scores are those of 8 * q_val * k_vals[j] as f32 sums."""
+    kb = np.zeros((3, 1, 1, 128, 1, 8), dtype)
+    for j, v in enumerate(k_vals):
+        kb[j] = v
+    q = np.full((1, 1, 8), q_val, dtype)
+    return (q, np.array([0, 1], np.int32), kb, np.array([3 * 128 - 1], np.int32), np.arange(3, dtype=np.int32)[None],
+            np.int32(0))
+
+
+def test_indexer_scores_past_f32_range_still_rank(impl):
+    """An eligible block whose score overflows to -inf in f32 (finite q and K) is still an eligible block: with
+    topk 2 of three blocks scoring -inf, finite and -inf, the picks are the finite one and the lower id of the two
+    -inf ones, not a short list."""
+    args = _three_blocks([-1e20, 1.0, -1e20], 1e20)
+    assert run(impl, args, topk=2, scale=1.0).ravel().tolist() == [0, 1]
+
+
+def test_indexer_signed_zero_scores_tie(impl):
+    """Scores of -0 and +0 are equal, so they tie and the lower id wins: block 0 scores -0 (its products underflow
+    negative), block 1 +0, block 2 a negative score; topk 1 picks block 0."""
+    args = _three_blocks([-1e-30, 1e-30, -5.0], 1e-30)
+    assert run(impl, args, topk=1, scale=1.0).ravel().tolist() == [0]

@@ -282,9 +282,10 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* 
   return (warp > 0 ? warp_sums[warp - 1] : 0) + x - v;
 }
 
-// Float -> uint32 whose ascending order is the float's descending order.
+// Float -> uint32 whose ascending order is the float's descending order; -0 as +0 (equal scores tie, and the sort's
+// low word, the block id, puts the lower id first).
 __device__ __forceinline__ uint32_t desc_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
+  const uint32_t u = __float_as_uint(f + 0.0f);
   const uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return ~asc;
 }

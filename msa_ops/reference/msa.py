@@ -99,11 +99,15 @@ def msa_indexer_ragged_paged(
         e_cnt = jnp.sum(elig.astype(jnp.int32))
         rank = jnp.cumsum(elig.astype(jnp.int32)) - 1
         forced = elig & ((rank < init_blocks) | (rank >= e_cnt - local_blocks))
-        others = jnp.where((elig & ~forced)[None], score, -jnp.inf)  # [Hi, MP]
+        # The other eligible blocks ranked by score as int32 keys in the floats' order, -0 as +0 (equal scores tie:
+        # the lower id first) and every eligible block above every other, even one whose score overflowed to -inf.
+        others = jnp.broadcast_to((elig & ~forced)[None], score.shape)  # [Hi, MP]
+        bits = lax.bitcast_convert_type(jnp.where(score == 0, jnp.float32(0), score), jnp.int32)
+        okey = jnp.where(others, jnp.where(bits >= 0, bits, bits ^ jnp.int32(0x7FFFFFFF)), jnp.iinfo(jnp.int32).min)
         if n_pick > 0:
             k_eff = min(n_pick, mp)
-            _, top_i = lax.top_k(others, k_eff)  # ties: lower index first
-            top_ok = jnp.take_along_axis(others, top_i, axis=-1) > -jnp.inf
+            _, top_i = lax.top_k(okey, k_eff)  # ties: lower index first
+            top_ok = jnp.take_along_axis(others, top_i, axis=-1)
             picked = jnp.zeros((hi, mp), bool).at[jnp.arange(hi)[:, None], top_i].max(top_ok)
         else:
             picked = jnp.zeros((hi, mp), bool)
