@@ -1123,6 +1123,49 @@ def test_cuda_mha_8_row_tiles_bad_pages(page, dtype, d):
         assert_close(got, want, budget_for(dtype))
 
 
+@pytest.mark.parametrize("case", ["spec", "window", "chunk"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_cuda_mha_masked_key_nan_small_tiles(case, dtype):
+    """The mma.sync tiles (speculative decode: up to five tokens of group 4 in a tile of 32 rows or less; decode in the
+    8-row tile with a window or chunk that starts inside a key tile) with NaN in K and V of keys a row does not see
+    but that lie in a tile the row reads: the last new token of each sequence (spec), or the key just before each
+    row's window or chunk. Rows that do not see a NaN key equal the float64 oracle (docs/SEMANTICS.md §5: not even
+    as 0 * NaN), split and not."""
+    rng = np.random.default_rng(len(case))
+    hkv, group, page, d = 2, 4, 16, 128
+    if case == "spec":
+        batch = RaggedBatch([2, 5, 3], [37, 300, 0], 12)
+        kw = dict(mask_str="causal")
+    else:
+        batch = RaggedBatch([1] * 4, [100, 263, 40, 500], 4)
+        kw = dict(mask_str="sliding_window_causal" if case == "window" else "chunked_causal", local_window_size=24)
+    tokens = [c + m for c, m in zip(batch.cache, batch.n)]
+    pc = make_paged_cache(rng, tokens, page_size=page, max_pages=-(-max(tokens) // page) + 1, n_kv_heads=hkv,
+                          head_dim=d, dtype=dtype)
+    kv = np.array(pc.kv_blocks)
+    sees = np.zeros(batch.T, bool)  # the rows that see a NaN key
+    row = 0
+    for b, (c, m) in enumerate(zip(batch.cache, batch.n)):
+        if case == "spec":
+            key = c + m - 1  # seen by the sequence's last row only
+            sees[row + m - 1] = True
+        else:  # the key before the row's window or chunk (decode: one row at position c)
+            key = c - 24 if case == "window" else c // 24 * 24 - 1
+        if key >= 0:
+            kv[pc.lut[b, key // page], :, 1, key % page] = np.nan
+        row += m
+    q = rand(rng, (batch.T, hkv * group, d), dtype)
+    for np_ in (1, 2):
+        args = (q, batch.offsets, kv, batch.cache_lengths, pc.lut, 1)
+        plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=np_, max_prompt_length=max(batch.n), **kw)
+        assert plan.tile_m <= 32
+        got = np.asarray(jax.jit(lambda *a, _n=np_: msa_ops.mha_ragged_paged(
+            *a, num_partitions=_n, max_prompt_length=max(batch.n), implementation="native", **kw))(*args), np.float32)
+        want = np.asarray(oracle.mha_ragged_paged(*args, **kw), np.float64)
+        assert np.isfinite(got[~sees]).all(), (np_, np.nonzero(~np.isfinite(got).all(axis=(1, 2))))
+        assert_close(got[~sees], want[~sees], budget_for(dtype))
+
+
 def test_cuda_mha_equals_native_cpu():
     rng = np.random.default_rng(5)
     batch = make_batch(rng, "mixed")
@@ -1282,7 +1325,9 @@ def test_cuda_msa_later_tokens_nan(dtype, scenario, np_):
         last[offs[b] + m - 1] = True
         ids[:, offs[b]:offs[b] + m, 0] = key // 128
     args = (q, batch.offsets, None, kv, batch.cache_lengths, cache.lut, 1, ids)
+    hint = max(batch.n)  # (the route: without it, max_q reads T - B + 1, and spec would take the prefill route)
     got = np.asarray(jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_,
+                                                                         max_prompt_length=hint,
                                                                          implementation="native"),
                              static_argnums=2)(*args), np.float32)
     want = np.asarray(oracle.msa_attention_ragged_paged(*args), np.float64)

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "msa_ops/common.h"
@@ -142,6 +143,23 @@ struct Mma<__half> {
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
+
+// Two packed 16-bit floats (T: bf16 or f16) with each NaN or Inf half replaced by 0. In every key tile that is not full
+// (some row does not see some key, or a key is missing) the mma.sync kernel passes V through it before P V (as
+// fragments; the 8-row tile in shared memory, finite_or_zero_rows), so that such a key's NaN V does not reach that
+// row as 0 * NaN (SEMANTICS.md §5).
+template <typename T>
+__device__ __forceinline__ uint32_t finite_or_zero(uint32_t x) {
+  constexpr uint32_t e = std::is_same_v<T, __half> ? 0x7c00u : 0x7f80u;  // a half's exponent bits
+  const uint32_t lo = (x & e) == e ? 0x0000ffffu : 0u;
+  const uint32_t hi = (x & (e << 16)) == (e << 16) ? 0xffff0000u : 0u;
+  return x & ~(lo | hi);
+}
+template <typename T>
+__device__ __forceinline__ void finite_or_zero4(uint32_t* f) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[i] = finite_or_zero<T>(f[i]);
+}
 
 // An attention sink's term in a softmax denominator whose running max (log2 units) is m: 2^(sink * log2(e) - m).
 template <typename T>
@@ -266,6 +284,21 @@ struct SwizzledTile {
     return row * D + ((chunk ^ (row & 7)) * 8);
   }
 };
+
+// finite_or_zero over kRows rows of a swizzled tile of D 16-bit values a row in shared memory (SwizzledTile), from row
+// r0, by one warp: a chunk is stored back only where it held NaN or Inf.
+template <typename T, int D, int kRows>
+__device__ __forceinline__ void finite_or_zero_rows(T* tile, int r0, int lane) {
+  constexpr int kCh = SwizzledTile<D>::kChunks;
+#pragma unroll
+  for (int c = lane; c < kRows * kCh; c += 32) {
+    uint4* p = reinterpret_cast<uint4*>(tile + SwizzledTile<D>::offset(r0 + c / kCh, c % kCh));
+    const uint4 v = *p;
+    const uint4 w = make_uint4(finite_or_zero<T>(v.x), finite_or_zero<T>(v.y), finite_or_zero<T>(v.z),
+                               finite_or_zero<T>(v.w));
+    if (w.x != v.x || w.y != v.y || w.z != v.z || w.w != v.w) *p = w;
+  }
+}
 
 // ------------------------------------------------------------------------------------------------ sequences
 
@@ -1082,19 +1115,20 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
   const int small_row0 = my_row * NPASS;
   auto fetch_pages = [&](int tile) {
     int32_t p = -1;
-    // (int64: the tile one past the last, which the prologue and loop fetch ahead, may start at 2^31 or past it.)
+    // (Unsigned: the tile one past the last, which the prologue and loop fetch ahead, may start at 2^31 or past it,
+    // where an int key wrapped negative and passed key < kmax; below 2^32 as unsigned, it fails that test.)
     if constexpr (kPages == kPagesSmall) {
-      const int64_t key = static_cast<int64_t>(tile) * BN + small_row0;
-      if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
+      const uint32_t key = static_cast<uint32_t>(tile) * BN + small_row0;
+      if (key < static_cast<uint32_t>(kmax) && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
     } else if (tile_one_page) {
-      const int64_t key = static_cast<int64_t>(tile) * BN;
-      if (key < kmax && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
+      const uint32_t key = static_cast<uint32_t>(tile) * BN;
+      if (key < static_cast<uint32_t>(kmax) && layer_ok) p = __ldg(lut_row + (key >> a.page_shift));
     } else if (kShuffledPages && a.kv_mode == kKvPaged) {
       const int lane_ = tid % 32;
       const int r_local = lane_ % kRowsPerWarp, pass = lane_ / kRowsPerWarp;  // lane -> (row, pass)
-      const int64_t key = static_cast<int64_t>(tile) * BN + (tid / 32) * kRowsPerWarp + r_local + pass * RSTEP;
-      if (pass < NPASS && key < kmax && layer_ok)
-        p = __ldg(lut_row + (a.page_shift >= 0 ? (key >> a.page_shift) : key / a.page_size));
+      const uint32_t key = static_cast<uint32_t>(tile) * BN + (tid / 32) * kRowsPerWarp + r_local + pass * RSTEP;
+      if (pass < NPASS && key < static_cast<uint32_t>(kmax) && layer_ok)
+        p = __ldg(lut_row + (a.page_shift >= 0 ? (key >> a.page_shift) : key / static_cast<uint32_t>(a.page_size)));
     }
     return p;
   };
@@ -1355,6 +1389,12 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
         p[e] = fast_exp2(full ? fmaf(s[e], sl2, neg_m[i]) : s[e] + neg_m[i]);
         l_run[i] += p[e];
       }
+      // A tile that is not full: the warp's own 16 V rows with NaN / Inf as 0, in shared memory (only this warp reads
+      // them), so that a key some row does not see cannot reach it as 0 * NaN (finite_or_zero above).
+      if (!full) {
+        finite_or_zero_rows<T, D, Cfg::kWarpKeys>(const_cast<T*>(sV), key_w0, lane);
+        __syncwarp();
+      }
       // P^T is the B operand of O^T = V^T P^T: each 8x8 (key x row) block of P, transposed in registers.
       const uint32_t pb[2] = {movmatrix_trans(M::pack(p[0], p[1])), movmatrix_trans(M::pack(p[2], p[3]))};
       // O^T += V^T P^T: V (keys x dims in smem) read transposed is the A operand.
@@ -1550,6 +1590,7 @@ __global__ void __launch_bounds__(128) attention_kernel(const AttentionArgs a) {
           uint32_t vf[4];
           const FragAddr f = v_frag_addr(lane, key_w0 + ks * 16, jd);
           ldmatrix_x4_trans(vf, smem_addr(sV + SwizzledTile<D>::offset(f.key, f.ch)));
+          if (!full) finite_or_zero4<T>(vf);
 #pragma unroll
           for (int mb = 0; mb < MB; ++mb) {
             M::run(o[mb][jd], pf[mb][ks], vf);

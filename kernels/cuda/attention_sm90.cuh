@@ -564,8 +564,8 @@ __device__ __forceinline__ int32_t box_page_entry(const AttentionArgs& a, bool p
                                                   int lane, int nbox, int rb, int kmax, bool layer_ok) {
   int32_t e = -1;
   if (paged && lane < nbox) {
-    const int64_t key = static_cast<int64_t>(tile) * BN + lane * rb;  // (int64: see fetch_pages, attention.cuh)
-    if (key < kmax && layer_ok) e = __ldg(lut_row + (key >> a.page_shift));
+    const uint32_t key = static_cast<uint32_t>(tile) * BN + lane * rb;  // (unsigned: see fetch_pages, attention.cuh)
+    if (key < static_cast<uint32_t>(kmax) && layer_ok) e = __ldg(lut_row + (key >> a.page_shift));
   }
   return e;
 }
