@@ -1018,17 +1018,24 @@ def test_cuda_mha_page_table_fetch_past_2_31(page, max_pages, t, group):
     sm_90's tiles) and 48 (no power of two) with max_pages * page_size just under 2^31 and the cache full to it, a
     sliding window keeping the key range to its last tiles. The loaders read the page-table entry of the tile after
     the one they load; that tile starts at 2^31, and as an int32 key it wrapped negative and read the table 512 MB
-    before its row (compute-sanitizer's selection holds this test). Every page is missing, so the output is 0."""
+    before its row (compute-sanitizer's selection holds this test; without it the stray read may go unnoticed). The
+    served kernels: the 8-row decode tile (mma.sync) for pages 16 and 48; on sm_90 the CTA-per-tile warpgroup-MMA
+    kernel for page 64 (group 6 does not divide the persistent kernels' 128-row items), whose fetch of the tile after
+    the last starts at 2^31 with 128-key tiles. Every page is missing, so the output is 0."""
     rng = np.random.default_rng(page)
     kv = rand(rng, (2, 2, 1, page, 2, 128), jnp.bfloat16)
     s_max = page * max_pages
     cl = np.array([s_max - t], np.int32)
     lut = jnp.full((1, max_pages), -1, jnp.int32)
     q = rand(rng, (t, 2 * group, 128), jnp.bfloat16)
-    got = jax.jit(lambda *a: msa_ops.mha_ragged_paged(*a, mask_str="sliding_window_causal", local_window_size=64,
-                                                      implementation="native"))(
+    got, kinds = launched(jax.jit(lambda *a: msa_ops.mha_ragged_paged(
+        *a, mask_str="sliding_window_causal", local_window_size=64, implementation="native")),
         q, np.array([0, t], np.int32), kv, cl, lut, 0)
-    assert np.all(np.asarray(got, np.float32) == 0)
+    if page == 64:
+        assert_served(kinds, "sm90_cta")
+    else:  # (split by the ladder: merged in a cluster or by the combine kernel)
+        assert kinds & {"mma", "mma_cluster"} and not any(k.startswith("sm90") for k in kinds), kinds
+    assert np.all(got == 0)
 
 
 def chunk_past_2_30_case(rng, t):
@@ -1126,7 +1133,7 @@ def test_cuda_mha_8_row_tiles_bad_pages(page, dtype, d):
 @pytest.mark.parametrize("case", ["spec", "window", "chunk"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_cuda_mha_masked_key_nan_small_tiles(case, dtype):
-    """The mma.sync tiles (speculative decode: up to five tokens of group 4 in a tile of 32 rows or less; decode in the
+    """The mma.sync tiles (speculative decode: up to five tokens of group 4 in one 64-row tile; decode in the
     8-row tile with a window or chunk that starts inside a key tile) with NaN in K and V of keys a row does not see
     but that lie in a tile the row reads: the last new token of each sequence (spec), or the key just before each
     row's window or chunk. Rows that do not see a NaN key equal the float64 oracle (docs/SEMANTICS.md §5: not even
@@ -1159,8 +1166,9 @@ def test_cuda_mha_masked_key_nan_small_tiles(case, dtype):
         args = (q, batch.offsets, kv, batch.cache_lengths, pc.lut, 1)
         plan = msa_ops.plan("mo.mha.ragged.paged", *args, num_partitions=np_, max_prompt_length=max(batch.n), **kw)
         assert plan.tile_m <= 32
-        got = np.asarray(jax.jit(lambda *a, _n=np_: msa_ops.mha_ragged_paged(
-            *a, num_partitions=_n, max_prompt_length=max(batch.n), implementation="native", **kw))(*args), np.float32)
+        got, kinds = launched(jax.jit(lambda *a, _n=np_: msa_ops.mha_ragged_paged(
+            *a, num_partitions=_n, max_prompt_length=max(batch.n), implementation="native", **kw)), *args)
+        assert kinds & {"mma", "mma_cluster"} and not any(k.startswith("sm90") for k in kinds), kinds
         want = np.asarray(oracle.mha_ragged_paged(*args, **kw), np.float64)
         assert np.isfinite(got[~sees]).all(), (np_, np.nonzero(~np.isfinite(got).all(axis=(1, 2))))
         assert_close(got[~sees], want[~sees], budget_for(dtype))
@@ -1326,10 +1334,9 @@ def test_cuda_msa_later_tokens_nan(dtype, scenario, np_):
         ids[:, offs[b]:offs[b] + m, 0] = key // 128
     args = (q, batch.offsets, None, kv, batch.cache_lengths, cache.lut, 1, ids)
     hint = max(batch.n)  # (the route: without it, max_q reads T - B + 1, and spec would take the prefill route)
-    got = np.asarray(jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(*a, num_partitions=np_,
-                                                                         max_prompt_length=hint,
-                                                                         implementation="native"),
-                             static_argnums=2)(*args), np.float32)
+    got, kinds = launched(jax.jit(lambda *a: msa_ops.msa_attention_ragged_paged(
+        *a, num_partitions=np_, max_prompt_length=hint, implementation="native"), static_argnums=2), *args)
+    assert kinds & {"msa_decode", "msa_decode_cluster"} and not kinds & {"msa_prefill_cta", "msa_prefill_ws"}, kinds
     want = np.asarray(oracle.msa_attention_ragged_paged(*args), np.float64)
     assert np.isfinite(got[~last]).all(), np.nonzero(~np.isfinite(got).all(axis=(1, 2)))
     assert_close(got[~last], want[~last], budget_for(dtype))
@@ -1832,13 +1839,12 @@ def test_cuda_vmap_folds(name, kw):
     getattr(test_vmap, name)("native", **kw)
 
 
-@pytest.mark.parametrize("case", ["overflow", "signed_zero"])
+@pytest.mark.parametrize("case", ["overflow", "signed_zero", "nan_dot"])
 def test_cuda_indexer_score_edges(case):
     """test_semantics_indexer's score edges on the CUDA indexer: an eligible block scoring -inf still ranks above
-    the blocks that are not eligible, and scores of -0 and +0 tie (the lower id first)."""
+    the blocks that are not eligible, scores of -0 and +0 tie (the lower id first), a NaN dot never wins."""
     import test_semantics_indexer as tsi
 
-    if case == "overflow":
-        tsi.test_indexer_scores_past_f32_range_still_rank("native")
-    else:
-        tsi.test_indexer_signed_zero_scores_tie("native")
+    tests = {"overflow": tsi.test_indexer_scores_past_f32_range_still_rank,
+             "signed_zero": tsi.test_indexer_signed_zero_scores_tie, "nan_dot": tsi.test_indexer_nan_dot_never_wins}
+    tests[case]("native")

@@ -135,3 +135,11 @@ def test_indexer_signed_zero_scores_tie(impl):
     negative), block 1 +0, block 2 a negative score; topk 1 picks block 0."""
     args = _three_blocks([-1e-30, 1e-30, -5.0], 1e-30)
     assert run(impl, args, topk=1, scale=1.0).ravel().tolist() == [0]
+
+
+def test_indexer_nan_dot_never_wins(impl):
+    """A NaN dot product (one key of block 0 is NaN) is skipped in the block's max, as every implementation's max
+    skips it: block 0 scores its other keys' 0.8 against blocks 1 and 2's 8 and 4, so topk 2 picks blocks 1 and 2."""
+    q, offs, kb, cl, lut, layer = _three_blocks([0.1, 1.0, 0.5], 1.0)
+    kb[0, 0, 0, 5] = np.nan
+    assert run(impl, (q, offs, kb, cl, lut, layer), topk=2, scale=1.0).ravel().tolist() == [1, 2]

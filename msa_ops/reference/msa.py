@@ -94,7 +94,8 @@ def msa_indexer_ragged_paged(
         qs = q_row.astype(jnp.float32) * jnp.float32(scale)  # scaled first, as in the native handler
         s = jnp.einsum("hd,mpd->hmp", qs, keys, precision=prec)
         vis = page_ok[:, None] & (kidx < n) & (kidx <= p) & ok  # [MP, P]
-        score = jnp.max(jnp.where(vis[None], s, -jnp.inf), axis=-1)  # [Hi, MP]
+        # (A NaN dot product is skipped, as the native handlers' max skips it.)
+        score = jnp.max(jnp.where(vis[None] & ~jnp.isnan(s), s, -jnp.inf), axis=-1)  # [Hi, MP]
         elig = jnp.any(vis, axis=-1)  # [MP]
         e_cnt = jnp.sum(elig.astype(jnp.int32))
         rank = jnp.cumsum(elig.astype(jnp.int32)) - 1
