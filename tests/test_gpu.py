@@ -1839,12 +1839,11 @@ def test_cuda_vmap_folds(name, kw):
     getattr(test_vmap, name)("native", **kw)
 
 
-@pytest.mark.parametrize("case", ["overflow", "signed_zero", "nan_dot"])
-def test_cuda_indexer_score_edges(case):
+@pytest.mark.parametrize("name", ["test_indexer_scores_past_f32_range_still_rank",
+                                  "test_indexer_signed_zero_scores_tie", "test_indexer_nan_dot_never_wins"])
+def test_cuda_indexer_score_edges(name):
     """test_semantics_indexer's score edges on the CUDA indexer: an eligible block scoring -inf still ranks above
     the blocks that are not eligible, scores of -0 and +0 tie (the lower id first), a NaN dot never wins."""
-    import test_semantics_indexer as tsi
+    import test_semantics_indexer
 
-    tests = {"overflow": tsi.test_indexer_scores_past_f32_range_still_rank,
-             "signed_zero": tsi.test_indexer_signed_zero_scores_tie, "nan_dot": tsi.test_indexer_nan_dot_never_wins}
-    tests[case]("native")
+    getattr(test_semantics_indexer, name)("native")
