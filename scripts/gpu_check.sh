@@ -13,6 +13,8 @@ declare -A STATUS
 STEPS=${STEPS:-all}  # comma list of: build info gpu cpu suite demo bench sanitizer
 # GPU_K: a pytest -k expression for the gpu step; SANITIZE_K: the one for the sanitizer step; BENCH_GLOB: which benchmarks;
 # BENCH_ARGS: arguments for each of them (gpu_gather_ceiling.py takes no --rounds: leave it out of BENCH_GLOB then).
+# SANITIZE_TIMEOUT: the sanitizer step's limit in seconds (default 520: its selection takes ~235 s alone on an H100,
+# over 400 beside the GPU tests).
 want() { [[ "$STEPS" == all || ",$STEPS," == *",$1,"* ]]; }
 
 step() {  # step NAME CMD...  (log to $OUT/NAME.log, remember the exit code)
@@ -107,7 +109,7 @@ done
 SANITIZE_K=${SANITIZE_K:-"store and 0-prefill or row_offsets or bad_values or padded_paged or ws_prefill_many \
 or many_sequences and wgmma_ws or many_sequences and wgmma_pair or item_order or head_dim_256_other \
 or 8_row_tiles_bad_pages or fetch_past_2_31 or later_tokens_nan"}
-want sanitizer && step sanitizer timeout 400 compute-sanitizer --tool memcheck --error-exitcode 7 $PY -m pytest -m gpu -q \
+want sanitizer && step sanitizer timeout "${SANITIZE_TIMEOUT:-520}" compute-sanitizer --tool memcheck --error-exitcode 7 $PY -m pytest -m gpu -q \
   -p no:cacheprovider tests/test_gpu.py -k "$SANITIZE_K"
 # Direct FFI calls with buffers out of contract, each buffer its own allocation so that an access past one shows.
 want sanitizer && XLA_PYTHON_CLIENT_ALLOCATOR=platform step sanitizer_ffi timeout 300 compute-sanitizer --tool memcheck \
