@@ -1016,11 +1016,12 @@ def test_cuda_mha_positions_near_2_31(kernel, monkeypatch):
 def test_cuda_mha_page_table_fetch_past_2_31(page, max_pages, t, group):
     """Page tables whose last tile ends at 2^31 keys: pages of 16 and 64 (smaller than a 128-key tile) and 48 (no
     power of two) with max_pages * page_size just under 2^31 and the cache full to it, a sliding window keeping the
-    key range to its last tiles. The loaders read the page-table entry of the tile after
-    the one they load; that tile starts at 2^31, and as an int32 key it wrapped negative and read the table 512 MB
-    before its row (compute-sanitizer's selection holds this test; without it the stray read may go unnoticed). The
-    mma.sync kernel serves every case, the 22 query rows of page 64 (group 6) too: the router gives a call this short
-    the mma.sync tiles, not a 128-row one (seen on an H100). Every page is missing, so the output is 0."""
+    key range to its last tiles. The loaders read the page-table entry of the tile after the one they load; where
+    that tile starts at 2^31 (whether it does depends on the served kernel's key tile), its int32 key wrapped
+    negative and read the table 512 MB before its row (compute-sanitizer's selection holds this test; without it the
+    stray read may go unnoticed). The mma.sync kernel serves every case, the 22 query rows of page 64 (group 6) too:
+    the router gives a call this short the mma.sync tiles, not a 128-row one (seen on an H100). Every page is
+    missing, so the output is 0."""
     rng = np.random.default_rng(page)
     kv = rand(rng, (2, 2, 1, page, 2, 128), jnp.bfloat16)
     s_max = page * max_pages
