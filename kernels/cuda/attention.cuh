@@ -160,6 +160,14 @@ __device__ __forceinline__ void finite_or_zero4(uint32_t* f) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) f[i] = finite_or_zero<T>(f[i]);
 }
+// finite_or_zero over one 16-byte chunk of shared memory, stored back only where it held NaN or Inf.
+template <typename T>
+__device__ __forceinline__ void finite_or_zero_chunk(uint4* p) {
+  const uint4 v = *p;
+  const uint4 w = make_uint4(finite_or_zero<T>(v.x), finite_or_zero<T>(v.y), finite_or_zero<T>(v.z),
+                             finite_or_zero<T>(v.w));
+  if (w.x != v.x || w.y != v.y || w.z != v.z || w.w != v.w) *p = w;
+}
 
 // An attention sink's term in a softmax denominator whose running max (log2 units) is m: 2^(sink * log2(e) - m).
 template <typename T>
@@ -286,18 +294,13 @@ struct SwizzledTile {
 };
 
 // finite_or_zero over kRows rows of a swizzled tile of D 16-bit values a row in shared memory (SwizzledTile), from row
-// r0, by one warp: a chunk is stored back only where it held NaN or Inf.
+// r0, by one warp (finite_or_zero_chunk).
 template <typename T, int D, int kRows>
 __device__ __forceinline__ void finite_or_zero_rows(T* tile, int r0, int lane) {
   constexpr int kCh = SwizzledTile<D>::kChunks;
 #pragma unroll
-  for (int c = lane; c < kRows * kCh; c += 32) {
-    uint4* p = reinterpret_cast<uint4*>(tile + SwizzledTile<D>::offset(r0 + c / kCh, c % kCh));
-    const uint4 v = *p;
-    const uint4 w = make_uint4(finite_or_zero<T>(v.x), finite_or_zero<T>(v.y), finite_or_zero<T>(v.z),
-                               finite_or_zero<T>(v.w));
-    if (w.x != v.x || w.y != v.y || w.z != v.z || w.w != v.w) *p = w;
-  }
+  for (int c = lane; c < kRows * kCh; c += 32)
+    finite_or_zero_chunk<T>(reinterpret_cast<uint4*>(tile + SwizzledTile<D>::offset(r0 + c / kCh, c % kCh)));
 }
 
 // ------------------------------------------------------------------------------------------------ sequences
